@@ -1,0 +1,291 @@
+"""The one adapter over gymnax and brax.
+
+Everything the PPO loop needs from an environment goes through :func:`make_env`, which
+returns an :class:`Env` with the same pure interface for both libraries:
+
+- ``reset(key) -> (obs, state)``
+- ``step(key, state, action) -> (obs, state, reward, terminated, truncated, final_obs)``
+
+Episodes reset automatically. ``final_obs`` is the observation reached by the step, before
+any reset, so value targets can bootstrap from it on truncation (time limit) but not on
+termination. :func:`make_vec_env` batches ``num_envs`` copies and optionally keeps running
+observation and reward normalisation statistics (for continuous control).
+
+Environment ids: any gymnax id (``CartPole-v1``, ``Breakout-MinAtar``, ...) or
+``brax/<name>`` for brax (``brax/ant``, ``brax/hopper``, ``brax/halfcheetah``, ...).
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+BRAX_PREFIX = "brax/"
+BRAX_EPISODE_LENGTH = 1000
+
+
+@dataclass(frozen=True)
+class EnvSpec:
+    """Static facts about an environment that set array shapes.
+
+    Attributes:
+        env_id: the id it was made from.
+        obs_shape: shape of one observation.
+        discrete: whether actions are integers in ``[0, num_actions)``.
+        action_dim: number of discrete actions, or the size of a continuous action vector.
+        action_low, action_high: bounds of continuous actions (``None`` when discrete).
+    """
+
+    env_id: str
+    obs_shape: tuple[int, ...]
+    discrete: bool
+    action_dim: int
+    action_low: tuple[float, ...] | None = None
+    action_high: tuple[float, ...] | None = None
+
+
+@dataclass(frozen=True)
+class Env:
+    """A single environment as two pure functions (see the module docstring)."""
+
+    spec: EnvSpec
+    reset: Any
+    step: Any
+
+
+def available_envs() -> list[str]:
+    """Every id :func:`make_env` accepts."""
+    import gymnax
+
+    return list(gymnax.registered_envs) + [BRAX_PREFIX + name for name in _brax_names()]
+
+
+def _brax_names() -> list[str]:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from brax import envs as brax_envs
+
+    return sorted(brax_envs._envs)
+
+
+def make_env(env_id: str) -> Env:
+    """Build the environment named ``env_id``; raise ``ValueError`` listing valid ids."""
+    if not isinstance(env_id, str):
+        raise ValueError(f"env_id must be a string, got {env_id!r}")
+    if env_id.startswith(BRAX_PREFIX):
+        return _cached_brax_env(env_id)
+    return _cached_gymnax_env(env_id)
+
+
+@functools.lru_cache(maxsize=None)
+def _cached_gymnax_env(env_id: str) -> Env:
+    import gymnax
+    from gymnax.environments import spaces
+
+    if env_id not in gymnax.registered_envs:
+        raise ValueError(
+            f"env_id: unknown environment {env_id!r}; allowed: "
+            f"{', '.join(available_envs())}"
+        )
+    env, params = gymnax.make(env_id)
+    action_space = env.action_space(params)
+    obs_shape = tuple(env.observation_space(params).shape)
+    if isinstance(action_space, spaces.Discrete):
+        spec = EnvSpec(env_id, obs_shape, True, int(action_space.n))
+    else:
+        shape = tuple(action_space.shape) or (1,)
+        low = jnp.broadcast_to(jnp.asarray(action_space.low, jnp.float32), shape)
+        high = jnp.broadcast_to(jnp.asarray(action_space.high, jnp.float32), shape)
+        spec = EnvSpec(
+            env_id,
+            obs_shape,
+            False,
+            int(shape[0]),
+            tuple(float(x) for x in low.reshape(-1)),
+            tuple(float(x) for x in high.reshape(-1)),
+        )
+    scalar_action = not spec.discrete and tuple(action_space.shape) == ()
+
+    def reset(key):
+        obs, state = env.reset(key, params)
+        return obs.astype(jnp.float32), state
+
+    def step(key, state, action):
+        if scalar_action:
+            action = action[0]
+        obs, state, reward, terminated, truncated, info = env.step(key, state, action, params)
+        return (
+            obs.astype(jnp.float32),
+            state,
+            reward.astype(jnp.float32),
+            terminated.astype(jnp.bool_),
+            jnp.logical_and(truncated, jnp.logical_not(terminated)),
+            info["final_observation"].astype(jnp.float32),
+        )
+
+    return Env(spec, reset, step)
+
+
+class BraxState(NamedTuple):
+    env_state: Any
+    steps: jax.Array  # [] steps taken in the current episode
+
+
+@functools.lru_cache(maxsize=None)
+def _cached_brax_env(env_id: str) -> Env:
+    name = env_id[len(BRAX_PREFIX) :]
+    if name not in _brax_names():
+        raise ValueError(
+            f"env_id: unknown environment {env_id!r}; allowed: {', '.join(available_envs())}"
+        )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from brax import envs as brax_envs
+
+        env = brax_envs.get_environment(name, backend="positional")
+    size = env.action_size
+    spec = EnvSpec(env_id, (int(env.observation_size),), False, int(size), (-1.0,) * size,
+                   (1.0,) * size)
+
+    def reset(key):
+        env_state = env.reset(key)
+        return env_state.obs, BraxState(env_state, jnp.zeros((), jnp.int32))
+
+    def step(key, state, action):
+        next_state = env.step(state.env_state, action)
+        steps = state.steps + 1
+        terminated = next_state.done > 0.5
+        truncated = jnp.logical_and(steps >= BRAX_EPISODE_LENGTH, jnp.logical_not(terminated))
+        done = jnp.logical_or(terminated, truncated)
+        reset_state = env.reset(key)
+        env_state = jax.tree.map(
+            lambda fresh, cont: jnp.where(done, fresh, cont), reset_state, next_state
+        )
+        steps = jnp.where(done, 0, steps)
+        return (
+            env_state.obs,
+            BraxState(env_state, steps),
+            next_state.reward,
+            terminated,
+            truncated,
+            next_state.obs,
+        )
+
+    return Env(spec, reset, step)
+
+
+@struct.dataclass
+class RunningStats:
+    """Running mean and variance (parallel-update form) of a batch of arrays."""
+
+    mean: jax.Array
+    var: jax.Array
+    count: jax.Array
+
+    @classmethod
+    def create(cls, shape: tuple[int, ...]) -> RunningStats:
+        return cls(jnp.zeros(shape), jnp.ones(shape), jnp.asarray(1e-4))
+
+    def update(self, batch: jax.Array) -> RunningStats:
+        """Fold in ``batch`` of shape ``[N, *shape]``."""
+        batch_mean = jnp.mean(batch, axis=0)
+        batch_var = jnp.var(batch, axis=0)
+        batch_count = batch.shape[0]
+        delta = batch_mean - self.mean
+        total = self.count + batch_count
+        mean = self.mean + delta * batch_count / total
+        m2 = self.var * self.count + batch_var * batch_count
+        m2 = m2 + jnp.square(delta) * self.count * batch_count / total
+        return RunningStats(mean, m2 / total, total)
+
+
+@struct.dataclass
+class VecEnvState:
+    """State of ``num_envs`` environments plus their normalisation statistics."""
+
+    env_state: Any
+    obs_stats: RunningStats
+    return_stats: RunningStats
+    discounted_return: jax.Array  # [N]
+
+
+@dataclass(frozen=True)
+class VecEnv:
+    """``num_envs`` copies of one environment, with optional normalisation.
+
+    Observations are normalised by running mean/std and clipped to ±10; rewards are
+    divided by the running std of the discounted return and clipped to ±10. Statistics
+    are updated on every step, as in PureJaxRL's wrappers.
+    """
+
+    env: Env
+    num_envs: int
+    normalize_obs: bool = False
+    normalize_reward: bool = False
+
+    @property
+    def spec(self) -> EnvSpec:
+        return self.env.spec
+
+    def reset(self, key: jax.Array) -> tuple[jax.Array, VecEnvState]:
+        """Returns observations ``[N, *obs_shape]`` and the batched state."""
+        obs, env_state = jax.vmap(self.env.reset)(jax.random.split(key, self.num_envs))
+        state = VecEnvState(
+            env_state,
+            RunningStats.create(self.spec.obs_shape),
+            RunningStats.create(()),
+            jnp.zeros(self.num_envs),
+        )
+        state, obs = self._observe(state, obs)
+        return obs, state
+
+    def _observe(self, state: VecEnvState, obs: jax.Array) -> tuple[VecEnvState, jax.Array]:
+        if not self.normalize_obs:
+            return state, obs
+        stats = state.obs_stats.update(obs)
+        return state.replace(obs_stats=stats), self._normalise(stats, obs)
+
+    @staticmethod
+    def _normalise(stats: RunningStats, obs: jax.Array) -> jax.Array:
+        return jnp.clip((obs - stats.mean) / jnp.sqrt(stats.var + 1e-8), -10.0, 10.0)
+
+    def step(self, key, state: VecEnvState, actions: jax.Array, gamma: jax.Array):
+        """Step all copies with ``actions [N, ...]``.
+
+        Returns ``(obs [N, ...], state, reward [N], terminated [N], truncated [N],
+        final_obs [N, ...], raw_reward [N])``; ``reward`` is normalised when asked,
+        ``raw_reward`` never is (for logging episode returns).
+        """
+        keys = jax.random.split(key, self.num_envs)
+        obs, env_state, raw_reward, terminated, truncated, final_obs = jax.vmap(self.env.step)(
+            keys, state.env_state, actions
+        )
+        state = state.replace(env_state=env_state)
+        if self.normalize_obs:
+            state, obs = self._observe(state, obs)
+            final_obs = self._normalise(state.obs_stats, final_obs)
+        reward = raw_reward
+        if self.normalize_reward:
+            done = jnp.logical_or(terminated, truncated)
+            discounted = state.discounted_return * gamma + raw_reward
+            stats = state.return_stats.update(discounted)
+            reward = jnp.clip(raw_reward / jnp.sqrt(stats.var + 1e-8), -10.0, 10.0)
+            state = state.replace(
+                return_stats=stats, discounted_return=jnp.where(done, 0.0, discounted)
+            )
+        return obs, state, reward, terminated, truncated, final_obs, raw_reward
+
+
+def make_vec_env(
+    env_id: str, num_envs: int, normalize_obs: bool = False, normalize_reward: bool = False
+) -> VecEnv:
+    """``num_envs`` copies of :func:`make_env` ``(env_id)``."""
+    if num_envs < 1:
+        raise ValueError(f"num_envs must be >= 1, got {num_envs}")
+    return VecEnv(make_env(env_id), num_envs, normalize_obs, normalize_reward)

@@ -1,0 +1,105 @@
+"""Actor-critic networks: separate MLPs for the policy and the value, orthogonal init.
+
+The actor outputs the parameters of a categorical distribution (discrete actions) or of a
+diagonal Gaussian with a state-independent log standard deviation (continuous actions).
+Distributions are represented by their raw parameters and handled by the small pure
+functions below, so everything stays a plain array under ``vmap``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+ACTIVATIONS = {"tanh": nn.tanh, "relu": nn.relu}
+
+
+def _dense(features: int, scale: float) -> nn.Dense:
+    return nn.Dense(
+        features,
+        kernel_init=nn.initializers.orthogonal(scale),
+        bias_init=nn.initializers.zeros,
+    )
+
+
+class MLP(nn.Module):
+    """Hidden layers with orthogonal(sqrt 2) init, then a linear head of ``out_scale``."""
+
+    hidden_sizes: Sequence[int]
+    out_features: int
+    out_scale: float
+    activation: str = "tanh"
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        act = ACTIVATIONS[self.activation]
+        for width in self.hidden_sizes:
+            x = act(_dense(width, np.sqrt(2.0))(x))
+        return _dense(self.out_features, self.out_scale)(x)
+
+
+class ActorCritic(nn.Module):
+    """Separate actor and critic MLPs over a flattened observation.
+
+    ``__call__(obs [..., *obs_shape]) -> (logits_or_mean [..., A], log_std [A], value [...])``.
+    For discrete actions ``logits_or_mean`` are logits and ``log_std`` is unused zeros; for
+    continuous actions it is the Gaussian mean and ``log_std`` a learned parameter.
+    :meth:`value` runs the critic alone.
+    """
+
+    action_dim: int
+    discrete: bool
+    obs_ndim: int
+    hidden_sizes: Sequence[int] = (64, 64)
+    activation: str = "tanh"
+
+    def setup(self):
+        self.actor = MLP(self.hidden_sizes, self.action_dim, 0.01, self.activation)
+        self.critic = MLP(self.hidden_sizes, 1, 1.0, self.activation)
+        if not self.discrete:
+            self.log_std = self.param("log_std", nn.initializers.zeros, (self.action_dim,))
+
+    def _flatten(self, obs: jax.Array) -> jax.Array:
+        batch_shape = obs.shape[: obs.ndim - self.obs_ndim]
+        return obs.reshape(*batch_shape, -1)
+
+    def __call__(self, obs: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+        x = self._flatten(obs)
+        log_std = jnp.zeros((self.action_dim,)) if self.discrete else self.log_std
+        return self.actor(x), log_std, self.critic(x)[..., 0]
+
+    def value(self, obs: jax.Array) -> jax.Array:
+        return self.critic(self._flatten(obs))[..., 0]
+
+
+def sample_action(key, discrete: bool, logits_or_mean, log_std):
+    """Sample actions and their log-probabilities. Shapes: ``[..., A] -> ([...] or [..., A], [...])``."""
+    if discrete:
+        action = jax.random.categorical(key, logits_or_mean)
+    else:
+        noise = jax.random.normal(key, logits_or_mean.shape)
+        action = logits_or_mean + jnp.exp(log_std) * noise
+    return action, log_prob(discrete, logits_or_mean, log_std, action)
+
+
+def log_prob(discrete: bool, logits_or_mean, log_std, action) -> jax.Array:
+    """Log-probability of ``action`` under the policy. Returns shape ``[...]``."""
+    if discrete:
+        log_probs = jax.nn.log_softmax(logits_or_mean)
+        return jnp.take_along_axis(log_probs, action[..., None].astype(jnp.int32), -1)[..., 0]
+    z = (action - logits_or_mean) * jnp.exp(-log_std)
+    per_dim = -0.5 * jnp.square(z) - log_std - 0.5 * jnp.log(2.0 * jnp.pi)
+    return jnp.sum(per_dim, axis=-1)
+
+
+def entropy(discrete: bool, logits_or_mean, log_std) -> jax.Array:
+    """Entropy of the policy distribution. Returns shape ``[...]``."""
+    if discrete:
+        log_probs = jax.nn.log_softmax(logits_or_mean)
+        return -jnp.sum(jnp.exp(log_probs) * log_probs, axis=-1)
+    per_dim = 0.5 + 0.5 * jnp.log(2.0 * jnp.pi) + log_std
+    return jnp.broadcast_to(jnp.sum(per_dim), logits_or_mean.shape[:-1])

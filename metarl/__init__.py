@@ -1,0 +1,1 @@
+"""metarl: discover reinforcement-learning objectives by evolution."""
