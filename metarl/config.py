@@ -1,0 +1,387 @@
+"""Typed, validated experiment configs, loaded from TOML (or the JSON a run saves).
+
+An experiment file has five tables; every field is documented on its dataclass below:
+
+.. code-block:: toml
+
+    name = "value_distance_cartpole"
+    [objective]              # ObjectiveConfig: which learned loss to evolve
+    name = "value_distance"
+    [inner]                  # PPOConfig: the inner PPO (use [[inner]] several times for
+    env_id = "CartPole-v1"   # fitness over several environments)
+    [es]                     # ESConfig: the evolution strategy
+    [fitness]                # FitnessConfig: how training runs become a fitness
+    [run]                    # RunConfig: seeds, chunking, checkpoints, output
+
+Unknown fields, wrong types and bad values raise :class:`ConfigError` (a ``ValueError``)
+naming the dotted path of the field, e.g. ``es.population_size``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import tomllib
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from inner_loops.ppo import PPOConfig
+
+STRATEGIES = ("Open_ES", "SNES", "CMA_ES", "Sep_CMA_ES", "PGPE")
+ANTITHETIC_STRATEGIES = ("Open_ES", "PGPE")
+FITNESS_SHAPINGS = ("centered_rank", "standardize", "raw")
+FITNESS_METRICS = ("final_return", "mean_return")
+
+
+class ConfigError(ValueError):
+    """A config field is unknown, of the wrong type or out of range."""
+
+
+@dataclass(frozen=True)
+class ObjectiveConfig:
+    """The learned objective whose meta-parameters are evolved.
+
+    Attributes:
+        name: a registered objective (``metarl.objectives.available_objectives()``), e.g.
+            ``value_distance``, ``lpo``, ``ta_lpo``.
+        options: keyword arguments of that objective's factory, e.g. ``hidden_sizes``.
+    """
+
+    name: str = "value_distance"
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def build(self):
+        """The :class:`~inner_loops.objective.Objective` this config names."""
+        from metarl.objectives import make_objective
+
+        try:
+            return make_objective(self.name, **self.options)
+        except ValueError as error:
+            raise ConfigError(f"objective: {error}") from error
+
+
+@dataclass(frozen=True)
+class ESConfig:
+    """The outer evolution strategy (evosax).
+
+    Attributes:
+        strategy: one of ``Open_ES`` (default), ``SNES``, ``CMA_ES``, ``Sep_CMA_ES``, ``PGPE``.
+        population_size: candidates per generation; even for ``Open_ES``/``PGPE``
+            (antithetic pairs).
+        generations: generations to run.
+        sigma: initial standard deviation of the search distribution (evosax's default of
+            1.0 is far too large for neural meta-parameters).
+        sigma_decay: multiplicative decay of ``sigma`` per generation (``Open_ES``).
+        sigma_min: floor of the decayed ``sigma`` (``Open_ES``).
+        learning_rate: Adam step size on the distribution mean (``Open_ES``, ``PGPE``,
+            ``SNES``).
+        learning_rate_decay: multiplicative decay of the learning rate per generation.
+        antithetic: mirrored sampling (``Open_ES`` only; ``PGPE`` always mirrors).
+        fitness_shaping: ``centered_rank`` (default), ``standardize`` or ``raw``; used by
+            ``Open_ES`` and ``PGPE`` (the others rank by construction).
+    """
+
+    strategy: str = "Open_ES"
+    population_size: int = 16
+    generations: int = 10
+    sigma: float = 0.03
+    sigma_decay: float = 0.999
+    sigma_min: float = 1e-3
+    learning_rate: float = 0.03
+    learning_rate_decay: float = 0.999
+    antithetic: bool = True
+    fitness_shaping: str = "centered_rank"
+
+    def __post_init__(self):
+        _check_choice("es.strategy", self.strategy, STRATEGIES)
+        _check_choice("es.fitness_shaping", self.fitness_shaping, FITNESS_SHAPINGS)
+        _check_positive_int("es.population_size", self.population_size)
+        _check_positive_int("es.generations", self.generations)
+        if self.strategy in ANTITHETIC_STRATEGIES and self.population_size % 2:
+            raise ConfigError(
+                f"es.population_size: {self.strategy} samples antithetic pairs, so the "
+                f"population must be even; got {self.population_size}"
+            )
+        if self.population_size < 2:
+            raise ConfigError("es.population_size: needs at least 2 candidates to rank")
+        for name in ("sigma", "learning_rate", "sigma_min"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"es.{name}: must be positive, got {getattr(self, name)}")
+        for name in ("sigma_decay", "learning_rate_decay"):
+            if not 0 < getattr(self, name) <= 1:
+                raise ConfigError(f"es.{name}: must lie in (0, 1], got {getattr(self, name)}")
+
+
+@dataclass(frozen=True)
+class FitnessConfig:
+    """How the training runs of a candidate become one fitness number (higher is better).
+
+    Attributes:
+        metric: ``mean_return`` (mean episode return over the whole run: area under the
+            learning curve) or ``final_return`` (mean over the last ``final_fraction`` of
+            updates).
+        final_fraction: share of the last updates averaged by ``final_return``.
+        seeds_per_candidate: agents trained from scratch per candidate and environment;
+            fitness averages over them.
+        common_seeds: all candidates of a generation use the same seeds (common random
+            numbers: less noise when ranking).
+        normalize_by_baseline: divide each environment's return by the absolute return of
+            standard PPO on it, so that no environment dominates a multi-environment
+            fitness. Baselines are measured once at the start unless given.
+        baseline_returns: known PPO returns per ``[[inner]]`` entry (skips measuring them).
+        baseline_seeds: seeds used to measure the baselines.
+    """
+
+    metric: str = "mean_return"
+    final_fraction: float = 0.1
+    seeds_per_candidate: int = 2
+    common_seeds: bool = True
+    normalize_by_baseline: bool = False
+    baseline_returns: tuple[float, ...] = ()
+    baseline_seeds: int = 4
+
+    def __post_init__(self):
+        _check_choice("fitness.metric", self.metric, FITNESS_METRICS)
+        _check_positive_int("fitness.seeds_per_candidate", self.seeds_per_candidate)
+        _check_positive_int("fitness.baseline_seeds", self.baseline_seeds)
+        if not 0 < self.final_fraction <= 1:
+            raise ConfigError(
+                f"fitness.final_fraction: must lie in (0, 1], got {self.final_fraction}"
+            )
+        object.__setattr__(self, "baseline_returns", tuple(map(float, self.baseline_returns)))
+        if any(b == 0 for b in self.baseline_returns):
+            raise ConfigError("fitness.baseline_returns: a baseline of 0 cannot normalise")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Seeds, memory, checkpoints and output of a run.
+
+    Attributes:
+        seed: master random seed of the run (ES sampling and agent seeds).
+        chunk_size: train at most this many agents at once (0: the whole population in one
+            ``vmap``); bounds memory for large populations.
+        checkpoint_every: save a checkpoint every this many generations.
+        keep_checkpoints: most recent checkpoints kept (the best one is kept as well).
+        output_dir: parent directory of run directories.
+        progress: show a progress bar.
+    """
+
+    seed: int = 0
+    chunk_size: int = 0
+    checkpoint_every: int = 1
+    keep_checkpoints: int = 3
+    output_dir: str = "runs"
+    progress: bool = True
+
+    def __post_init__(self):
+        if not isinstance(self.seed, int) or self.seed < 0:
+            raise ConfigError(f"run.seed: must be a non-negative integer, got {self.seed!r}")
+        if not isinstance(self.chunk_size, int) or self.chunk_size < 0:
+            raise ConfigError(f"run.chunk_size: must be >= 0, got {self.chunk_size!r}")
+        _check_positive_int("run.checkpoint_every", self.checkpoint_every)
+        _check_positive_int("run.keep_checkpoints", self.keep_checkpoints)
+
+
+@dataclass(frozen=True)
+class ExperimentConfig:
+    """A whole meta-evolution experiment.
+
+    Attributes:
+        name: used for the run directory.
+        description: free text.
+        objective: see :class:`ObjectiveConfig`.
+        inner: one :class:`~inner_loops.ppo.PPOConfig` per environment of the fitness.
+        es: see :class:`ESConfig`.
+        fitness: see :class:`FitnessConfig`.
+        run: see :class:`RunConfig`.
+    """
+
+    name: str = "experiment"
+    description: str = ""
+    objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
+    inner: tuple[PPOConfig, ...] = (PPOConfig(),)
+    es: ESConfig = field(default_factory=ESConfig)
+    fitness: FitnessConfig = field(default_factory=FitnessConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+
+    def __post_init__(self):
+        if isinstance(self.inner, PPOConfig):
+            object.__setattr__(self, "inner", (self.inner,))
+        if not self.inner:
+            raise ConfigError("inner: at least one environment is needed")
+        env_ids = [cfg.env_id for cfg in self.inner]
+        if len(set(env_ids)) != len(env_ids):
+            raise ConfigError(f"inner: environments repeat: {env_ids}")
+        baselines = self.fitness.baseline_returns
+        if baselines and len(baselines) != len(self.inner):
+            raise ConfigError(
+                f"fitness.baseline_returns: {len(baselines)} values for "
+                f"{len(self.inner)} [[inner]] environments"
+            )
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-JSON form that :func:`config_from_dict` reads back to an equal config."""
+        data = dataclasses.asdict(self)
+        data["inner"] = [dataclasses.asdict(cfg) for cfg in self.inner]
+        return _plain(data)
+
+    def replace(self, **changes) -> ExperimentConfig:
+        return dataclasses.replace(self, **changes)
+
+
+def _plain(value):
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _check_choice(path: str, value, allowed) -> None:
+    if value not in allowed:
+        raise ConfigError(f"{path}: got {value!r}; allowed: {', '.join(allowed)}")
+
+
+def _check_positive_int(path: str, value) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ConfigError(f"{path}: must be a positive integer, got {value!r}")
+
+
+def _coerce(path: str, value, annotation):
+    """Check ``value`` against a field's type, converting lists to tuples and ints to floats."""
+    origin = typing.get_origin(annotation)
+    if annotation is Any:
+        return value
+    if origin is tuple:
+        item_type = typing.get_args(annotation)[0]
+        if not isinstance(value, list | tuple):
+            raise ConfigError(f"{path}: expected a list, got {value!r}")
+        return tuple(_coerce(f"{path}[{i}]", v, item_type) for i, v in enumerate(value))
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{path}: expected a table, got {value!r}")
+        return dict(value)
+    if annotation is float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(f"{path}: expected a number, got {value!r}")
+        return float(value)
+    if annotation is int:
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)  # allow 1e5 in TOML for step counts
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{path}: expected an integer, got {value!r}")
+        return value
+    if annotation is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{path}: expected true or false, got {value!r}")
+        return value
+    if annotation is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{path}: expected a string, got {value!r}")
+        return value
+    return value
+
+
+def _build(cls, data: dict, path: str):
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a table, got {data!r}")
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    unknown = sorted(set(data) - set(names))
+    if unknown:
+        where = f"{path}." if path else ""
+        raise ConfigError(
+            f"{where}{unknown[0]}: unknown field; allowed: {', '.join(names)}"
+        )
+    kwargs = {}
+    for name, value in data.items():
+        field_path = f"{path}.{name}" if path else name
+        kwargs[name] = _coerce(field_path, value, hints[name])
+    try:
+        return cls(**kwargs)
+    except ConfigError:
+        raise
+    except ValueError as error:
+        raise ConfigError(f"{path}.{error}" if path else str(error)) from error
+
+
+def config_from_dict(data: dict[str, Any]) -> ExperimentConfig:
+    """Build and validate an :class:`ExperimentConfig` from plain data."""
+    data = dict(data)
+    sections = {"objective": ObjectiveConfig, "es": ESConfig, "fitness": FitnessConfig,
+                "run": RunConfig}
+    kwargs: dict[str, Any] = {}
+    for name, cls in sections.items():
+        if name in data:
+            kwargs[name] = _build(cls, data.pop(name), name)
+    if "inner" in data:
+        inner = data.pop("inner")
+        entries = [inner] if isinstance(inner, dict) else inner
+        if not isinstance(entries, list):
+            raise ConfigError(f"inner: expected a table or a list of tables, got {inner!r}")
+        kwargs["inner"] = tuple(
+            _build(PPOConfig, entry, f"inner[{i}]" if len(entries) > 1 else "inner")
+            for i, entry in enumerate(entries)
+        )
+    return _build(ExperimentConfig, {**data, **kwargs}, "")
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply ``key.path=value`` overrides (values parsed as TOML) to raw config data.
+
+    ``inner.FIELD=...`` sets the field in every ``[[inner]]`` entry; ``inner.0.FIELD=...``
+    only in the first.
+    """
+    data = json.loads(json.dumps(data))
+    for override in overrides:
+        if "=" not in override:
+            raise ConfigError(f"--set {override!r}: expected key.path=value")
+        path, raw = override.split("=", 1)
+        try:
+            value = tomllib.loads(f"v = {raw}")["v"]
+        except tomllib.TOMLDecodeError:
+            value = raw
+        keys = path.strip().split(".")
+        targets = [data]
+        if keys[0] == "inner":
+            inner = data.setdefault("inner", {})
+            entries = [inner] if isinstance(inner, dict) else inner
+            keys = keys[1:]
+            if keys and keys[0].isdigit():
+                index = int(keys.pop(0))
+                if index >= len(entries):
+                    raise ConfigError(f"--set {path}: there are only {len(entries)} inner entries")
+                entries = [entries[index]]
+            targets = entries
+        if not keys:
+            raise ConfigError(f"--set {override!r}: no field named")
+        for target in targets:
+            node = target
+            for key in keys[:-1]:
+                node = node.setdefault(key, {})
+                if not isinstance(node, dict):
+                    raise ConfigError(f"--set {path}: {key} is not a table")
+            node[keys[-1]] = value
+    return data
+
+
+def read_config_data(path: str | Path) -> dict[str, Any]:
+    """Raw data of a ``.toml`` experiment file or a run's ``config.json``."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    text = path.read_text()
+    try:
+        if path.suffix == ".json":
+            return json.loads(text)
+        return tomllib.loads(text)
+    except (tomllib.TOMLDecodeError, json.JSONDecodeError) as error:
+        raise ConfigError(f"{path}: not valid {path.suffix[1:].upper()}: {error}") from error
+
+
+def load_config(path: str | Path, overrides: list[str] | None = None) -> ExperimentConfig:
+    """Load, override (``--set`` style) and validate an experiment config."""
+    return config_from_dict(apply_overrides(read_config_data(path), overrides or []))

@@ -1,0 +1,220 @@
+"""The ES driver: ask -> train population × seeds -> fitness -> tell, as one jitted step.
+
+:class:`Evolution` holds what is static for a run (objective, strategy, inner trainers) and
+exposes pure functions of :class:`EvolutionState`:
+
+- ``init(key) -> EvolutionState``
+- ``generation(state) -> (state, metrics)``: one whole generation, compiled once
+  (``evolution.step`` is its ``jax.jit``).
+
+Users think in returns (higher is better); evosax minimises, so the sign is flipped exactly
+once, in :meth:`Evolution.generation`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+from evosax.algorithms import CMA_ES, PGPE, SNES, Open_ES, Sep_CMA_ES
+from evosax.core.fitness_shaping import (
+    centered_rank_fitness_shaping_fn,
+    identity_fitness_shaping_fn,
+    standardize_fitness_shaping_fn,
+)
+from flax import struct
+from jax.flatten_util import ravel_pytree
+
+from inner_loops.objective import ppo_objective
+from inner_loops.ppo import make_train
+from metarl.config import ConfigError, ESConfig, ExperimentConfig
+from metarl.fitness import combine_fitness, evaluate_candidates, run_return, run_is_valid
+
+FITNESS_SHAPING_FNS = {
+    "centered_rank": centered_rank_fitness_shaping_fn,
+    "standardize": standardize_fitness_shaping_fn,
+    "raw": identity_fitness_shaping_fn,
+}
+
+
+def make_strategy(config: ESConfig, template: Any):
+    """Build the evosax strategy named in ``config`` for meta-parameters like ``template``.
+
+    Returns ``(strategy, es_params)``; σ, learning rate and their decays come from the
+    config because evosax's defaults (σ = 1, SGD at 1e-3) do not suit neural meta-parameters.
+    """
+    learning_rate = optax.exponential_decay(
+        config.learning_rate, transition_steps=1, decay_rate=config.learning_rate_decay
+    )
+    optimizer = optax.adam(learning_rate)
+    shaping = FITNESS_SHAPING_FNS[config.fitness_shaping]
+    size = config.population_size
+    if config.strategy == "Open_ES":
+        sigma = optax.exponential_decay(
+            config.sigma, transition_steps=1, decay_rate=config.sigma_decay,
+            end_value=config.sigma_min,
+        )
+        strategy = Open_ES(size, template, use_antithetic_sampling=config.antithetic,
+                           optimizer=optimizer, std_schedule=sigma, fitness_shaping_fn=shaping)
+        return strategy, strategy.default_params
+    if config.strategy == "PGPE":
+        strategy = PGPE(size, template, optimizer=optimizer, fitness_shaping_fn=shaping)
+    elif config.strategy == "SNES":
+        strategy = SNES(size, template, optimizer=optimizer)
+    elif config.strategy == "CMA_ES":
+        strategy = CMA_ES(size, template)
+    elif config.strategy == "Sep_CMA_ES":
+        strategy = Sep_CMA_ES(size, template)
+    else:  # ESConfig validates the name; this guards programmatic misuse
+        raise ConfigError(f"es.strategy: unknown strategy {config.strategy!r}")
+    params = strategy.default_params.replace(std_init=jnp.float32(config.sigma))
+    return strategy, params
+
+
+def _strong(tree):
+    """Drop weak types so the state's avals do not change after the first generation."""
+    return jax.tree.map(lambda x: jnp.asarray(x, dtype=jnp.asarray(x).dtype), tree)
+
+
+@struct.dataclass
+class EvolutionState:
+    """Everything that changes between generations (all arrays; checkpointable).
+
+    Attributes:
+        es_state: the evosax strategy's state.
+        key: ``[2]`` PRNG key for the next generation.
+        generation: ``[]`` generations completed.
+        best_fitness: ``[]`` best candidate fitness seen so far (higher is better).
+        best_meta_params: the meta-parameters that scored ``best_fitness``.
+        baselines: ``[E]`` PPO return per environment used for normalisation (ones when off).
+    """
+
+    es_state: Any
+    key: jax.Array
+    generation: jax.Array
+    best_fitness: jax.Array
+    best_meta_params: Any
+    baselines: jax.Array
+
+
+class Evolution:
+    """A meta-evolution experiment: static parts plus pure ``init`` / ``generation``."""
+
+    def __init__(self, config: ExperimentConfig):
+        self.config = config
+        self.objective = config.objective.build()
+        self.template = self.objective.init(jax.random.PRNGKey(0))
+        self.num_dims = ravel_pytree(self.template)[0].size
+        if self.num_dims == 0:
+            raise ConfigError(
+                f"objective.name: {config.objective.name!r} has no meta-parameters to evolve; "
+                "choose a learned objective such as value_distance, lpo or ta_lpo"
+            )
+        _, self._unravel = ravel_pytree(self.template)
+        self.strategy, self.es_params = make_strategy(config.es, self.template)
+        self.trains = [make_train(inner, self.objective) for inner in config.inner]
+        self.step = jax.jit(self.generation)
+
+    @property
+    def agents_per_generation(self) -> int:
+        """Training runs per generation: candidates × seeds × environments."""
+        cfg = self.config
+        return cfg.es.population_size * cfg.fitness.seeds_per_candidate * len(cfg.inner)
+
+    @property
+    def agent_steps_per_generation(self) -> int:
+        cfg = self.config
+        per_candidate = sum(inner.steps_per_agent for inner in cfg.inner)
+        return cfg.es.population_size * cfg.fitness.seeds_per_candidate * per_candidate
+
+    def init(self, key: jax.Array | None = None, baselines=None) -> EvolutionState:
+        """Initial state; the search starts at the objective's own initialisation."""
+        if key is None:
+            key = jax.random.PRNGKey(self.config.run.seed)
+        key, init_key, es_key = jax.random.split(key, 3)
+        mean = self.objective.init(init_key)
+        es_state = self.strategy.init(es_key, mean, self.es_params)
+        if baselines is None:
+            baselines = self.config.fitness.baseline_returns or (1.0,) * len(self.config.inner)
+        state = EvolutionState(
+            es_state=es_state,
+            key=key,
+            generation=jnp.int32(0),
+            best_fitness=jnp.float32(-jnp.inf),
+            best_meta_params=mean,
+            baselines=jnp.asarray(baselines, jnp.float32),
+        )
+        return _strong(state)
+
+    def mean_meta_params(self, state: EvolutionState):
+        """The current centre of the search distribution, as objective meta-parameters."""
+        return self.strategy.get_mean(state.es_state)
+
+    def generation(self, state: EvolutionState) -> tuple[EvolutionState, dict]:
+        """Ask, train ``C × S`` agents per environment, score, tell. Pure; jit it."""
+        cfg = self.config
+        num_candidates, num_seeds = cfg.es.population_size, cfg.fitness.seeds_per_candidate
+        key, ask_key, tell_key, *env_keys = jax.random.split(state.key, 3 + len(self.trains))
+        population, es_state = self.strategy.ask(ask_key, state.es_state, self.es_params)
+
+        returns, valid = [], []
+        for train, inner, env_key in zip(self.trains, cfg.inner, env_keys, strict=True):
+            if cfg.fitness.common_seeds:
+                seeds = jax.random.split(env_key, num_seeds)
+                keys = jnp.broadcast_to(seeds, (num_candidates, *seeds.shape))
+            else:
+                keys = jax.random.split(env_key, num_candidates * num_seeds)
+                keys = keys.reshape(num_candidates, num_seeds, -1)
+            env_returns, env_valid, _ = evaluate_candidates(
+                train, population, keys, inner.hyperparams(), cfg.fitness, cfg.run.chunk_size
+            )
+            returns.append(env_returns)
+            valid.append(env_valid)
+        returns = jnp.stack(returns, axis=-1)  # [C, S, E]
+        valid = jnp.stack(valid, axis=-1)
+        fitness, candidate_valid = combine_fitness(returns, valid, state.baselines)
+
+        es_state, _ = self.strategy.tell(tell_key, population, -fitness, es_state,
+                                         self.es_params)
+        best_index = jnp.argmax(fitness)
+        improved = candidate_valid[best_index] & (fitness[best_index] > state.best_fitness)
+        best_params = jax.tree.map(lambda x: x[best_index], population)
+        state = EvolutionState(
+            es_state=es_state,
+            key=key,
+            generation=state.generation + 1,
+            best_fitness=jnp.where(improved, fitness[best_index], state.best_fitness),
+            best_meta_params=jax.tree.map(
+                lambda new, old: jnp.where(improved, new, old), best_params,
+                state.best_meta_params,
+            ),
+            baselines=state.baselines,
+        )
+        metrics = {
+            "fitness": fitness,
+            "valid": candidate_valid,
+            "returns": jnp.where(valid, returns, jnp.nan).mean(axis=1),  # [C, E]
+            "invalid_runs": jnp.sum(~valid),
+            "best_fitness": state.best_fitness,
+        }
+        return state, metrics
+
+    def measure_baselines(self, key: jax.Array) -> jax.Array:
+        """Return of standard PPO per environment ``[E]`` (the normalisation baselines)."""
+        cfg = self.config
+        values = []
+        for inner, env_key in zip(cfg.inner, jax.random.split(key, len(cfg.inner)),
+                                  strict=True):
+            train = make_train(inner, ppo_objective())
+            keys = jax.random.split(env_key, cfg.fitness.baseline_seeds)
+            metrics = jax.jit(jax.vmap(train))(keys)
+            returns = run_return(metrics, cfg.fitness)
+            ok = run_is_valid(metrics, returns)
+            if not bool(jnp.any(ok)):
+                raise RuntimeError(f"baseline PPO on {inner.env_id} produced no finite return")
+            values.append(float(jnp.mean(returns[ok])))
+        if any(v == 0 for v in values):
+            raise RuntimeError(f"a baseline PPO return is exactly 0 ({values}); cannot normalise")
+        return jnp.asarray(values, jnp.float32)

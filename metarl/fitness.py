@@ -1,0 +1,91 @@
+"""From training runs to fitness: population × seeds evaluation, NaN handling, normalisation.
+
+Shapes used throughout: ``C`` candidates (meta-parameter sets), ``S`` seeds per candidate,
+``E`` environments, ``U`` PPO updates per training run.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from inner_loops.ppo import broadcast_to_population, train_population
+from metarl.config import FitnessConfig
+
+
+def run_return(metrics: dict, config: FitnessConfig) -> jax.Array:
+    """The return one training run scores: ``episode_return [..., U] -> [...]``.
+
+    ``mean_return`` averages the learning curve (area under it); ``final_return`` averages
+    its last ``final_fraction`` of updates. Updates before the first finished episode hold
+    NaN and are skipped; a run that never finished an episode scores NaN.
+    """
+    curve = metrics["episode_return"]
+    if config.metric == "final_return":
+        num_updates = curve.shape[-1]
+        window = max(1, round(config.final_fraction * num_updates))
+        curve = curve[..., num_updates - window :]
+    seen = jnp.isfinite(curve)
+    total = jnp.sum(jnp.where(seen, curve, 0.0), axis=-1)
+    count = jnp.sum(seen, axis=-1)
+    return jnp.where(count > 0, total / jnp.maximum(count, 1), jnp.nan)
+
+
+def run_is_valid(metrics: dict, returns: jax.Array) -> jax.Array:
+    """A run is valid when every update's losses were finite and its return is a number."""
+    return jnp.all(metrics["finite"], axis=-1) & jnp.isfinite(returns)
+
+
+def evaluate_candidates(
+    train,
+    meta_params,
+    keys: jax.Array,
+    hypers,
+    config: FitnessConfig,
+    chunk_size: int = 0,
+) -> tuple[jax.Array, jax.Array, dict]:
+    """Train every candidate on ``S`` seeds of one environment.
+
+    Args:
+        train: ``make_train(...)`` output for this environment.
+        meta_params: pytree with leading axis ``[C]``.
+        keys: ``[C, S, 2]`` PRNG keys, one per training run.
+        hypers: :class:`~inner_loops.ppo.Hyperparams` of scalars (shared by all runs).
+        config: fitness settings.
+        chunk_size: train at most this many runs at once (0: all).
+
+    Returns ``(returns [C, S], valid [C, S], metrics)`` where ``metrics`` holds the full
+    per-update summaries ``[C, S, U]``.
+    """
+    num_candidates, num_seeds = keys.shape[:2]
+    runs = num_candidates * num_seeds
+    flat_meta = jax.tree.map(lambda x: jnp.repeat(x, num_seeds, axis=0), meta_params)
+    flat_keys = keys.reshape(runs, *keys.shape[2:])
+    metrics = train_population(
+        train, flat_keys, flat_meta, broadcast_to_population(hypers, runs), chunk_size or None
+    )
+    metrics = jax.tree.map(lambda x: x.reshape(num_candidates, num_seeds, *x.shape[1:]), metrics)
+    returns = run_return(metrics, config)
+    return returns, run_is_valid(metrics, returns), metrics
+
+
+def combine_fitness(
+    returns: jax.Array, valid: jax.Array, baselines: jax.Array
+) -> tuple[jax.Array, jax.Array]:
+    """One fitness per candidate from ``returns [C, S, E]``; higher is better.
+
+    Each environment's return is divided by ``|baseline|`` (ones when not normalising),
+    then averaged over seeds and environments. A candidate with any invalid run (NaN or inf
+    in training) gets a fitness strictly below every valid candidate, so strategies rank it
+    last without non-finite numbers reaching them.
+
+    Returns ``(fitness [C], candidate_valid [C])``.
+    """
+    normalised = returns / jnp.abs(baselines)
+    candidate_valid = jnp.all(valid, axis=(1, 2))
+    raw = jnp.mean(jnp.where(valid, normalised, 0.0), axis=(1, 2))
+    any_valid = jnp.any(candidate_valid)
+    lowest = jnp.min(jnp.where(candidate_valid, raw, jnp.inf))
+    highest = jnp.max(jnp.where(candidate_valid, raw, -jnp.inf))
+    worst = jnp.where(any_valid, lowest - (highest - lowest) - 1.0, 0.0)
+    return jnp.where(candidate_valid, raw, worst), candidate_valid
