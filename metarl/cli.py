@@ -1,0 +1,123 @@
+"""``metarl evolve | resume | evaluate | plot`` — the command line of the toolkit."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from metarl.checkpoint import CheckpointError
+from metarl.config import ConfigError, load_config
+from metarl.run import RunError
+
+
+def _evolve(args) -> int:
+    from metarl.run import evolve
+
+    config = load_config(args.config, args.set)
+    result = evolve(config, args.run_dir)
+    last = result.history[-1]
+    print(f"run directory: {result.run_dir}")
+    print(f"generations: {last['generation']}  best fitness so far: "
+          f"{last['best_fitness_so_far']:.4g}  last mean fitness: {last['mean_fitness']:.4g}")
+    if not args.no_plots:
+        _plot_quietly(result.run_dir)
+    return 0
+
+
+def _resume(args) -> int:
+    from metarl.run import resume
+
+    result = resume(args.run_dir, args.generations)
+    last = result.history[-1]
+    print(f"run directory: {result.run_dir}")
+    print(f"generations: {last['generation']}  best fitness so far: "
+          f"{last['best_fitness_so_far']:.4g}")
+    if not args.no_plots:
+        _plot_quietly(result.run_dir)
+    return 0
+
+
+def _evaluate(args) -> int:
+    from metarl.evaluate import EVALUATION_FILE, evaluate_run, format_table
+
+    baselines = args.baselines.split(",") if args.baselines else None
+    report = evaluate_run(args.run_dir, args.env or None, args.seeds, baselines, args.which,
+                          args.eval_seed, args.total_timesteps)
+    print(format_table(report))
+    print(f"saved {Path(args.run_dir) / EVALUATION_FILE}")
+    return 0
+
+
+def _plot(args) -> int:
+    from metarl.plots import plot_run
+
+    for path in plot_run(args.run_dir):
+        print(path)
+    return 0
+
+
+def _plot_quietly(run_dir) -> None:
+    from metarl.plots import plot_run
+
+    paths = plot_run(run_dir)
+    print(f"plots: {', '.join(str(p) for p in paths)}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="metarl", description="Discover RL objectives by evolution."
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    evolve = commands.add_parser("evolve", help="start a meta-evolution run from a config file")
+    evolve.add_argument("config", help="experiment file, e.g. experiments/value_distance_cartpole.toml")
+    evolve.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a config field, e.g. --set es.generations=5 "
+                             "(values parsed as TOML; repeatable)")
+    evolve.add_argument("--run-dir", default=None,
+                        help="where to write the run (default: <run.output_dir>/<name>-<time>)")
+    evolve.add_argument("--no-plots", action="store_true", help="skip the plots at the end")
+    evolve.set_defaults(handler=_evolve)
+
+    resume = commands.add_parser("resume", help="continue a run from its latest checkpoint")
+    resume.add_argument("run_dir")
+    resume.add_argument("--generations", type=int, default=None,
+                        help="total generations to reach (default: the config's)")
+    resume.add_argument("--no-plots", action="store_true")
+    resume.set_defaults(handler=_resume)
+
+    evaluate = commands.add_parser(
+        "evaluate", help="train fresh agents with the evolved objective and baselines"
+    )
+    evaluate.add_argument("run_dir")
+    evaluate.add_argument("--env", action="append", default=[],
+                          help="environment id (repeatable; default: the run's)")
+    evaluate.add_argument("--seeds", type=int, default=16, help="held-out seeds (default 16)")
+    evaluate.add_argument("--baselines", default=None,
+                          help="comma-separated fixed objectives (default depends on the "
+                               "objective: ppo,l2 or ppo,dpo)")
+    evaluate.add_argument("--which", default="mean", choices=("mean", "best"),
+                          help="evaluate the search mean (default) or the best candidate")
+    evaluate.add_argument("--eval-seed", type=int, default=10_007)
+    evaluate.add_argument("--total-timesteps", type=int, default=None,
+                          help="override the training budget per agent")
+    evaluate.set_defaults(handler=_evaluate)
+
+    plot = commands.add_parser("plot", help="draw the learned objective and the run as PNGs")
+    plot.add_argument("run_dir")
+    plot.set_defaults(handler=_plot)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.handler(args)
+    except (ConfigError, RunError, CheckpointError) as error:
+        print(f"metarl {args.command}: error: {error}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,170 @@
+"""Meta-test: train fresh agents with an evolved objective and with fixed baselines.
+
+Agents are trained from scratch on held-out seeds (a key stream separate from the one
+evolution used), and each objective's mean return gets a 95% bootstrap confidence interval.
+The full learning curves are kept so they can be plotted against the baselines.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+from scipy import stats
+
+from inner_loops.ppo import PPOConfig, make_train
+from metarl.config import ConfigError, FitnessConfig
+from metarl.fitness import run_is_valid, run_return
+from metarl.objectives import available_objectives, make_objective
+from metarl.run import BEST_FILE, MEAN_FILE, load_meta_params, read_run_config
+
+EVALUATION_FILE = "evaluation.json"
+DEFAULT_EVAL_SEED = 10_007
+EVOLVED = "evolved"
+
+
+@dataclass(frozen=True)
+class ObjectiveResult:
+    """Held-out performance of one objective on one environment.
+
+    Attributes:
+        objective: ``"evolved"`` or a baseline's registered name.
+        env_id: environment.
+        returns: ``[S]`` score of each seed (the run's fitness metric).
+        mean, ci_low, ci_high: mean over valid seeds and its 95% bootstrap interval.
+        invalid: seeds whose training produced NaN or inf.
+        curves: ``[S, U]`` episode return after every update.
+    """
+
+    objective: str
+    env_id: str
+    returns: list[float]
+    mean: float
+    ci_low: float
+    ci_high: float
+    invalid: int
+    curves: list[list[float]]
+
+
+def bootstrap_ci(values: np.ndarray, confidence: float = 0.95, seed: int = 0
+                 ) -> tuple[float, float]:
+    """Percentile bootstrap interval of the mean of ``values [S]``."""
+    values = np.asarray(values, np.float64)
+    if values.size == 0:
+        return float("nan"), float("nan")
+    if values.size == 1 or np.all(values == values[0]):
+        return float(values[0]), float(values[0])
+    result = stats.bootstrap(
+        (values,), np.mean, confidence_level=confidence, n_resamples=5000,
+        method="percentile", random_state=np.random.default_rng(seed),
+    )
+    return float(result.confidence_interval.low), float(result.confidence_interval.high)
+
+
+def evaluate_objective(objective, meta_params, inner: PPOConfig, fitness: FitnessConfig,
+                       seeds: int, eval_seed: int, name: str) -> ObjectiveResult:
+    """Train ``seeds`` agents with ``objective`` (one jitted vmap) and summarise them."""
+    train = make_train(inner, objective)
+    keys = jax.random.split(jax.random.PRNGKey(eval_seed), seeds)
+    metrics = jax.jit(jax.vmap(train, in_axes=(0, None)))(keys, meta_params)
+    returns = np.asarray(run_return(metrics, fitness))
+    valid = np.asarray(run_is_valid(metrics, returns))
+    low, high = bootstrap_ci(returns[valid])
+    curves = np.asarray(metrics["episode_return"], np.float64)
+    return ObjectiveResult(
+        objective=name,
+        env_id=inner.env_id,
+        returns=[float(r) for r in returns],
+        mean=float(np.mean(returns[valid])) if valid.any() else float("nan"),
+        ci_low=low,
+        ci_high=high,
+        invalid=int((~valid).sum()),
+        curves=[[None if np.isnan(v) else float(v) for v in row] for row in curves],
+    )
+
+
+def default_baselines(objective_name: str) -> list[str]:
+    """The fixed objectives an evolved one is naturally compared with."""
+    if "value" in objective_name:
+        return ["ppo", "l2"]
+    return ["ppo", "dpo"]
+
+
+def evaluate_run(run_dir: str | Path, env_ids: list[str] | None = None, seeds: int = 16,
+                 baselines: list[str] | None = None, which: str = "mean",
+                 eval_seed: int = DEFAULT_EVAL_SEED, total_timesteps: int | None = None
+                 ) -> dict[str, Any]:
+    """Evaluate a run's evolved objective against baselines; writes ``evaluation.json``.
+
+    Args:
+        run_dir: a run directory written by ``metarl evolve``.
+        env_ids: environments (default: the run's own). An environment the run did not
+            train on uses the first ``[inner]`` settings with only ``env_id`` changed.
+        seeds: held-out seeds per objective and environment.
+        baselines: registered fixed objectives (default: :func:`default_baselines`).
+        which: ``"mean"`` (centre of the search distribution) or ``"best"`` (best
+            candidate seen) meta-parameters.
+        eval_seed: seed of the held-out key stream (distinct from training seeds).
+        total_timesteps: override the training budget of every environment.
+
+    Returns the report dict that is also saved as JSON.
+    """
+    if which not in ("mean", "best"):
+        raise ConfigError(f"which: got {which!r}; allowed: mean, best")
+    if seeds < 2:
+        raise ConfigError(f"seeds: need at least 2 for a confidence interval, got {seeds}")
+    run_dir = Path(run_dir)
+    config = read_run_config(run_dir)
+    objective = config.objective.build()
+    template = objective.init(jax.random.PRNGKey(0))
+    meta_params = load_meta_params(run_dir / (MEAN_FILE if which == "mean" else BEST_FILE),
+                                   template)
+    baselines = default_baselines(config.objective.name) if baselines is None else baselines
+    unknown = [b for b in baselines if b not in available_objectives()]
+    if unknown:
+        raise ConfigError(
+            f"baselines: unknown {unknown}; allowed: {', '.join(available_objectives())}"
+        )
+    by_env = {inner.env_id: inner for inner in config.inner}
+    env_ids = env_ids or list(by_env)
+    results = []
+    for env_id in env_ids:
+        inner = by_env.get(env_id) or config.inner[0].replace(env_id=env_id)
+        if total_timesteps is not None:
+            inner = inner.replace(total_timesteps=total_timesteps)
+        results.append(evaluate_objective(objective, meta_params, inner, config.fitness,
+                                          seeds, eval_seed, EVOLVED))
+        for name in baselines:
+            baseline = make_objective(name)
+            results.append(evaluate_objective(
+                baseline, baseline.init(jax.random.PRNGKey(0)), inner, config.fitness,
+                seeds, eval_seed, name,
+            ))
+    report = {
+        "run_dir": str(run_dir),
+        "objective": config.objective.name,
+        "meta_params": which,
+        "metric": config.fitness.metric,
+        "seeds": seeds,
+        "eval_seed": eval_seed,
+        "results": [r.__dict__ for r in results],
+    }
+    (run_dir / EVALUATION_FILE).write_text(json.dumps(report, indent=1))
+    return report
+
+
+def format_table(report: dict[str, Any]) -> str:
+    """Plain-text table of mean return and 95% CI per environment and objective."""
+    rows = [("environment", "objective", f"{report['metric']} (mean)", "95% CI", "invalid")]
+    for r in report["results"]:
+        rows.append((r["env_id"], r["objective"], f"{r['mean']:.2f}",
+                     f"[{r['ci_low']:.2f}, {r['ci_high']:.2f}]", str(r["invalid"])))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True))
+             for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
