@@ -71,7 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
 
     evolve = commands.add_parser("evolve", help="start a meta-evolution run from a config file")
-    evolve.add_argument("config", help="experiment file, e.g. experiments/value_distance_cartpole.toml")
+    evolve.add_argument(
+        "config", help="experiment file, e.g. experiments/value_distance_cartpole.toml"
+    )
     evolve.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override a config field, e.g. --set es.generations=5 "
                              "(values parsed as TOML; repeatable)")

@@ -21,11 +21,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import tomllib
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import tomllib
 
 from inner_loops.ppo import PPOConfig
 
@@ -162,7 +163,10 @@ class RunConfig:
     Attributes:
         seed: master random seed of the run (ES sampling and agent seeds).
         chunk_size: train at most this many agents at once (0: the whole population in one
-            ``vmap``); bounds memory for large populations.
+            ``vmap``); bounds memory for large populations. Per device when ``shard`` is on.
+        shard: split each generation's candidates × seeds over every visible device (all
+            processes under ``jax.distributed``; see ``docs/scaling.md``); results equal
+            the unsharded run. Off by default: one device.
         checkpoint_every: save a checkpoint every this many generations.
         keep_checkpoints: most recent checkpoints kept (the best one is kept as well).
         output_dir: parent directory of run directories.
@@ -175,8 +179,11 @@ class RunConfig:
     keep_checkpoints: int = 3
     output_dir: str = "runs"
     progress: bool = True
+    shard: bool = False
 
     def __post_init__(self):
+        if not isinstance(self.shard, bool):
+            raise ConfigError(f"run.shard: expected true or false, got {self.shard!r}")
         if not isinstance(self.seed, int) or self.seed < 0:
             raise ConfigError(f"run.seed: must be a non-negative integer, got {self.seed!r}")
         if not isinstance(self.chunk_size, int) or self.chunk_size < 0:

@@ -1,0 +1,83 @@
+"""Experiment configs: every shipped file loads, bad fields are named, overrides apply."""
+
+from pathlib import Path
+
+import pytest
+
+from inner_loops.ppo import PPOConfig
+from metarl.config import (
+    ConfigError,
+    ExperimentConfig,
+    apply_overrides,
+    config_from_dict,
+    load_config,
+)
+
+EXPERIMENTS = sorted((Path(__file__).parents[1] / "experiments").glob("*.toml"))
+
+
+@pytest.mark.parametrize("path", EXPERIMENTS, ids=lambda p: p.stem)
+def test_shipped_experiments_load_and_round_trip(path):
+    config = load_config(path)
+    assert config.name == path.stem or config.name
+    assert config_from_dict(config.to_dict()) == config
+
+
+def test_the_expected_experiments_ship():
+    names = {p.stem for p in EXPERIMENTS}
+    assert {"value_distance_cartpole", "lpo_minatar", "ta_lpo_minatar", "lpo_brax"} <= names
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"es": {"populaton_size": 8}}, "es.populaton_size: unknown field"),
+        ({"es": {"strategy": "Nope_ES"}}, "es.strategy: got 'Nope_ES'; allowed: Open_ES"),
+        ({"es": {"population_size": 7}}, "es.population_size"),
+        ({"es": {"population_size": "8"}}, "es.population_size: expected an integer"),
+        ({"es": {"sigma": -1.0}}, "es.sigma: must be positive"),
+        ({"fitness": {"metric": "max"}}, "fitness.metric: got 'max'; allowed"),
+        ({"inner": {"env_id": "NoSuchEnv-v0"}}, "inner.env_id: unknown environment"),
+        ({"inner": {"num_minibatches": 3}}, "inner.num_minibatches: 3 does not divide"),
+        ({"inner": {"env_id": "Pendulum-v1", "policy": "categorical"}}, "inner.policy"),
+        ({"inner": [{"env_id": "CartPole-v1"}, {"env_id": "CartPole-v1"}]}, "inner: environm"),
+        ({"objective": {"name": "nope"}}, "objective: unknown objective 'nope'"),
+        ({"run": {"chunk_size": -1}}, "run.chunk_size"),
+        ({"colour": "blue"}, "colour: unknown field"),
+        ({"fitness": {"baseline_returns": [1.0, 2.0]}}, "fitness.baseline_returns: 2 values"),
+    ],
+)
+def test_bad_configs_name_the_field(data, message):
+    with pytest.raises(ConfigError) as error:
+        config = config_from_dict(data)
+        config.objective.build()
+    assert message in str(error.value)
+
+
+def test_overrides_parse_toml_values_and_reach_every_inner_entry():
+    data = {"inner": [{"env_id": "CartPole-v1"}, {"env_id": "Acrobot-v1"}]}
+    data = apply_overrides(
+        data, ["es.generations=3", "inner.total_timesteps=1e4", "inner.1.num_envs=8",
+               "objective.options.hidden_sizes=[8, 8]", "run.output_dir=/tmp/x"],
+    )
+    config = config_from_dict(data)
+    assert config.es.generations == 3
+    assert [c.total_timesteps for c in config.inner] == [10_000, 10_000]
+    assert [c.num_envs for c in config.inner] == [4, 8]
+    assert config.objective.options["hidden_sizes"] == [8, 8]
+    assert config.run.output_dir == "/tmp/x"
+
+
+def test_single_inner_table_becomes_a_tuple_and_defaults_are_pure_jax_rl():
+    config = config_from_dict({"inner": {"env_id": "CartPole-v1"}})
+    assert config.inner == (PPOConfig(),)
+    assert ExperimentConfig().inner[0].learning_rate == 2.5e-4
+
+
+def test_missing_file_is_a_clear_error(tmp_path):
+    with pytest.raises(ConfigError, match="config file not found"):
+        load_config(tmp_path / "nope.toml")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("name = [unclosed")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_config(bad)
