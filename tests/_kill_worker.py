@@ -1,0 +1,33 @@
+"""Subprocess for the crash tests: run `metarl evolve`, optionally freezing inside a save.
+
+Usage: ``python _kill_worker.py PAUSE_AT_GENERATION metarl-evolve-args...``
+
+With ``PAUSE_AT_GENERATION > 0`` the orbax save of that generation stops after its files are
+written into orbax's temporary directory and before the checkpoint is committed, prints
+``PAUSED_IN_SAVE`` and sleeps, so the test can SIGKILL the process in the middle of a save.
+Nothing in metarl itself is changed: only orbax's handler is wrapped, here.
+"""
+
+import sys
+import time
+
+import orbax.checkpoint as ocp
+
+from metarl.cli import main
+
+pause_at = int(sys.argv[1])
+original_finalize = ocp.StandardCheckpointHandler.finalize
+
+
+def finalize_then_freeze(self, directory):
+    original_finalize(self, directory)
+    tmp_dir = directory.parent.name  # "<generation>.orbax-checkpoint-tmp-<n>"
+    if "orbax-checkpoint-tmp" in tmp_dir and int(tmp_dir.split(".")[0]) == pause_at:
+        print("PAUSED_IN_SAVE", flush=True)
+        time.sleep(600)
+
+
+if pause_at > 0:
+    ocp.StandardCheckpointHandler.finalize = finalize_then_freeze
+
+sys.exit(main(["evolve", *sys.argv[2:]]))

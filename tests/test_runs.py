@@ -1,0 +1,244 @@
+"""Run directories end to end: exact resume, SIGKILL during a generation and during a save,
+clear errors that overwrite nothing, and the CLI.
+
+Every run here uses one tiny config, so the generation step compiles once and later runs
+(including the subprocesses) reuse it from JAX's persistent compilation cache.
+"""
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+from metarl.checkpoint import CheckpointError, RunCheckpointer
+from metarl.cli import main
+from metarl.config import load_config
+from metarl.run import (
+    MEAN_FILE,
+    RunError,
+    evolve,
+    load_meta_params,
+    read_metrics,
+    resume,
+)
+
+GENERATIONS = 5
+TINY = f"""
+name = "tiny"
+[objective]
+name = "value_distance"
+options = {{ hidden_sizes = [8] }}
+[inner]
+env_id = "CartPole-v1"
+num_envs = 4
+num_steps = 32
+total_timesteps = 4096
+hidden_sizes = [16]
+update_epochs = 2
+num_minibatches = 2
+[es]
+population_size = 4
+generations = {GENERATIONS}
+sigma = 0.05
+[fitness]
+seeds_per_candidate = 2
+[run]
+checkpoint_every = 1
+keep_checkpoints = 2
+progress = false
+"""
+KILL_WORKER = Path(__file__).parent / "_kill_worker.py"
+
+
+@pytest.fixture(scope="module")
+def tiny_config_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("config") / "tiny.toml"
+    path.write_text(TINY)
+    return path
+
+
+@pytest.fixture(scope="module")
+def reference_run(tiny_config_file, tmp_path_factory):
+    """An uninterrupted run of GENERATIONS generations."""
+    run_dir = tmp_path_factory.mktemp("runs") / "reference"
+    evolve(load_config(tiny_config_file), run_dir)
+    return run_dir
+
+
+def _fitness(run_dir):
+    return [line["fitness"] for line in read_metrics(run_dir)]
+
+
+def _mean(run_dir):
+    return load_meta_params(run_dir / MEAN_FILE)
+
+
+def _assert_same_run(run_dir, reference):
+    assert _fitness(run_dir) == _fitness(reference)
+    ours, theirs = _mean(run_dir), _mean(reference)
+    assert jax.tree.structure(ours) == jax.tree.structure(theirs)
+    for mine, reference_leaf in zip(jax.tree.leaves(ours), jax.tree.leaves(theirs), strict=True):
+        np.testing.assert_array_equal(mine, reference_leaf)
+
+
+def _tree_digest(directory: Path) -> str:
+    digest = hashlib.sha256()
+    for path in sorted(directory.rglob("*")):
+        digest.update(str(path.relative_to(directory)).encode())
+        if path.is_file():
+            digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def test_reference_run_writes_a_complete_run_directory(reference_run):
+    lines = read_metrics(reference_run)
+    assert [line["generation"] for line in lines] == list(range(1, GENERATIONS + 1))
+    assert all(len(line["fitness"]) == 4 and line["invalid_candidates"] == 0 for line in lines)
+    for name in ("config.json", "metrics.jsonl", "best_meta_params.msgpack", MEAN_FILE):
+        assert (reference_run / name).is_file()
+    checkpointer = RunCheckpointer(reference_run)
+    kept = checkpointer.all_generations()
+    checkpointer.close()
+    # the last two plus the one whose generation scored best
+    best = 1 + int(np.argmax([line["best_fitness"] for line in lines]))
+    assert set(kept) == {GENERATIONS - 1, GENERATIONS, best}
+
+
+def test_two_plus_two_resumed_equals_four_straight(tiny_config_file, reference_run, tmp_path):
+    config = load_config(tiny_config_file, ["es.generations=2"])
+    run_dir = tmp_path / "split"
+    evolve(config, run_dir)
+    assert len(read_metrics(run_dir)) == 2
+    result = resume(run_dir, generations=GENERATIONS)
+    assert int(result.state.generation) == GENERATIONS
+    _assert_same_run(run_dir, reference_run)
+
+
+def _start_worker(tiny_config_file, run_dir, pause_at=0):
+    return subprocess.Popen(
+        [sys.executable, str(KILL_WORKER), str(pause_at), str(tiny_config_file),
+         "--run-dir", str(run_dir), "--no-plots"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+
+
+def _wait_for(predicate, process, timeout=240):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        if process.poll() is not None:
+            raise AssertionError(f"worker exited early:\n{process.stdout.read()}")
+        time.sleep(0.02)
+    process.kill()
+    raise AssertionError("timed out waiting for the worker")
+
+
+@pytest.mark.timeout(400)
+def test_sigkill_during_a_generation_then_resume(tiny_config_file, reference_run, tmp_path):
+    run_dir = tmp_path / "killed"
+    process = _start_worker(tiny_config_file, run_dir)
+    checkpoints = run_dir / "checkpoints"
+    _wait_for(lambda: (checkpoints / "2" / "commit_success.txt").exists(), process)
+    process.send_signal(signal.SIGKILL)
+    process.wait(timeout=30)
+    assert process.returncode == -signal.SIGKILL
+    saved_before = {p.name for p in checkpoints.iterdir() if p.name.isdigit()}
+    assert "2" in saved_before
+    result = resume(run_dir)
+    assert int(result.state.generation) == GENERATIONS
+    _assert_same_run(run_dir, reference_run)
+
+
+@pytest.mark.timeout(400)
+def test_sigkill_during_a_save_skips_the_incomplete_checkpoint(
+    tiny_config_file, reference_run, tmp_path
+):
+    run_dir = tmp_path / "killed_in_save"
+    process = _start_worker(tiny_config_file, run_dir, pause_at=3)
+    marker = []
+
+    def paused():
+        line = process.stdout.readline()
+        marker.append(line)
+        return "PAUSED_IN_SAVE" in line
+
+    _wait_for(paused, process)
+    process.send_signal(signal.SIGKILL)
+    process.wait(timeout=30)
+    checkpoints = run_dir / "checkpoints"
+    leftovers = [p.name for p in checkpoints.iterdir() if "tmp" in p.name]
+    assert leftovers, "the kill should leave orbax's temporary directory behind"
+    assert not (checkpoints / "3").exists()
+    assert (checkpoints / "2" / "commit_success.txt").exists()
+    with pytest.warns(UserWarning, match="incomplete checkpoint"):
+        result = resume(run_dir)
+    assert int(result.state.generation) == GENERATIONS
+    _assert_same_run(run_dir, reference_run)
+
+
+def test_resuming_a_missing_run_is_a_clear_error(tmp_path):
+    with pytest.raises(RunError, match="run directory not found"):
+        resume(tmp_path / "nope")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(RunError, match="not a metarl run"):
+        resume(tmp_path / "empty")
+
+
+def test_resume_with_a_changed_config_stops_and_overwrites_nothing(reference_run, tmp_path):
+    import shutil
+
+    run_dir = tmp_path / "changed"
+    shutil.copytree(reference_run, run_dir)
+    config = json.loads((run_dir / "config.json").read_text())
+    config["objective"]["options"]["hidden_sizes"] = [16]
+    (run_dir / "config.json").write_text(json.dumps(config))
+    before = _tree_digest(run_dir)
+    with pytest.raises(CheckpointError, match="no longer matches"):
+        resume(run_dir, generations=GENERATIONS + 1)
+    assert _tree_digest(run_dir) == before
+
+
+def test_evolve_refuses_to_overwrite_a_run(tiny_config_file, reference_run):
+    with pytest.raises(RunError, match="already holds a run"):
+        evolve(load_config(tiny_config_file), reference_run)
+
+
+def _cli(*args, timeout=400):
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.run([sys.executable, "-m", "metarl.cli", *map(str, args)],
+                          capture_output=True, text=True, timeout=timeout, env=env)
+
+
+@pytest.mark.timeout(600)
+def test_cli_evolve_resume_and_errors(tiny_config_file, tmp_path):
+    run_dir = tmp_path / "cli"
+    done = _cli("evolve", tiny_config_file, "--set", "es.generations=2", "--set",
+                "run.progress=true", "--run-dir", run_dir, "--no-plots")
+    assert done.returncode == 0, done.stderr
+    assert "run directory" in done.stdout
+    assert "2/2" in done.stderr  # the progress bar reached the last generation
+    assert [line["generation"] for line in read_metrics(run_dir)] == [1, 2]
+    assert json.loads((run_dir / "config.json").read_text())["es"]["generations"] == 2
+
+    done = _cli("resume", run_dir, "--generations", 3, "--no-plots")
+    assert done.returncode == 0, done.stderr
+    assert [line["generation"] for line in read_metrics(run_dir)] == [1, 2, 3]
+
+
+
+def test_cli_errors_name_the_problem_and_exit_2(tiny_config_file, tmp_path, capsys):
+    assert main(["evolve", str(tiny_config_file), "--set", "es.popsize=4"]) == 2
+    assert "es.popsize: unknown field" in capsys.readouterr().err
+    assert main(["resume", str(tmp_path / "nowhere")]) == 2
+    assert "run directory not found" in capsys.readouterr().err
+    assert main(["evaluate", str(tmp_path / "nowhere")]) == 2
+    assert "run directory not found" in capsys.readouterr().err
