@@ -73,13 +73,18 @@ def _write_metrics(run_dir: Path, history: list[dict[str, Any]]) -> None:
 
 def save_meta_params(path: str | Path, meta_params) -> None:
     """Write meta-parameters (a pytree of arrays) as flax msgpack."""
+    arrays = jax.tree.map(np.asarray, jax.device_get(meta_params))
     _atomic_write(Path(path), serialization.msgpack_serialize(
-        jax.tree.map(np.asarray, jax.device_get(meta_params))
+        serialization.to_state_dict(arrays)
     ))
 
 
 def load_meta_params(path: str | Path, template=None):
-    """Read meta-parameters written by :func:`save_meta_params` (into ``template``'s shape)."""
+    """Read meta-parameters written by :func:`save_meta_params`.
+
+    With a ``template`` (e.g. ``objective.init(key)``) the result has its exact structure;
+    without one, lists come back as dicts keyed ``"0"``, ``"1"``, ...
+    """
     path = Path(path)
     if not path.is_file():
         raise RunError(f"no meta-parameters file at {path}")

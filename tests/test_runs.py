@@ -242,3 +242,32 @@ def test_cli_errors_name_the_problem_and_exit_2(tiny_config_file, tmp_path, caps
     assert "run directory not found" in capsys.readouterr().err
     assert main(["evaluate", str(tmp_path / "nowhere")]) == 2
     assert "run directory not found" in capsys.readouterr().err
+
+
+def test_evaluate_compares_the_evolved_objective_with_baselines(reference_run, capsys):
+    from metarl.evaluate import EVALUATION_FILE
+
+    assert main(["evaluate", str(reference_run), "--seeds", "3", "--baselines", "l2"]) == 0
+    table = capsys.readouterr().out
+    assert "evolved" in table and "l2" in table and "95% CI" in table
+    report = json.loads((reference_run / EVALUATION_FILE).read_text())
+    assert [r["objective"] for r in report["results"]] == ["evolved", "l2"]
+    for result in report["results"]:
+        assert len(result["returns"]) == 3 and result["invalid"] == 0
+        assert result["ci_low"] <= result["mean"] <= result["ci_high"]
+        assert len(result["curves"]) == 3 and len(result["curves"][0]) == 32  # updates
+        assert result["mean"] > 9.0  # CartPole gives at least ~9 steps per episode
+
+
+def test_bootstrap_interval_brackets_the_mean_and_narrows_with_more_data():
+    from metarl.evaluate import bootstrap_ci
+
+    rng = np.random.default_rng(0)
+    small = rng.normal(100.0, 10.0, size=8)
+    large = rng.normal(100.0, 10.0, size=800)
+    low_s, high_s = bootstrap_ci(small)
+    low_l, high_l = bootstrap_ci(large)
+    assert low_s < small.mean() < high_s
+    assert low_l < large.mean() < high_l
+    assert (high_l - low_l) < (high_s - low_s) / 5
+    assert bootstrap_ci(np.array([500.0, 500.0])) == (500.0, 500.0)

@@ -1,0 +1,80 @@
+"""Discovered Policy Optimisation (DPO): a closed-form drift distilled from learned LPO.
+
+The policy maximises ``r A`` minus a drift that is non-negative and vanishes with its
+gradient at ``r = 1``:
+
+    drift(r, A) = relu((r - 1) A - alpha tanh((r - 1) A / alpha))      if A >= 0
+                  relu(log(r) A - beta tanh(log(r) A / beta))          if A < 0
+    L_pi        = -mean_i (r_i A_i - drift(r_i, A_i))
+
+with ``alpha = 2`` and ``beta = 0.6`` by default. Since ``u - c tanh(u / c) >= 0`` exactly
+when ``u >= 0`` (and is ``O(u^3)`` near zero), the drift only penalises moves of the ratio in
+the direction the advantage rewards, and more softly than PPO's hard clip. The value loss is
+PPO's clipped L2. There are no meta-parameters (``{"policy": {}, "value": {}}``).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from inner_loops.objective import LossInputs, LossTerm, Objective, clipped_l2, no_meta_params
+from metarl.objectives.registry import register_objective
+
+DEFAULT_ALPHA = 2.0
+DEFAULT_BETA = 0.6
+
+
+def _soft_excess(u: jax.Array, scale: float) -> jax.Array:
+    """``relu(u - scale * tanh(u / scale))``, elementwise."""
+    return jax.nn.relu(u - scale * jnp.tanh(u / scale))
+
+
+def drift_from_log_ratio(
+    ratio: jax.Array,
+    log_ratio: jax.Array,
+    advantage: jax.Array,
+    alpha: float = DEFAULT_ALPHA,
+    beta: float = DEFAULT_BETA,
+) -> jax.Array:
+    """DPO drift given both ``ratio`` and its exact logarithm; broadcasting ``[...] -> [...]``."""
+    positive = _soft_excess((ratio - 1.0) * advantage, alpha)
+    negative = _soft_excess(log_ratio * advantage, beta)
+    return jnp.where(advantage >= 0.0, positive, negative)
+
+
+def drift(
+    ratio: jax.Array,
+    advantage: jax.Array,
+    alpha: float = DEFAULT_ALPHA,
+    beta: float = DEFAULT_BETA,
+) -> jax.Array:
+    """DPO's drift, broadcasting ``ratio`` ``[...]`` (> 0) and ``advantage`` ``[...]``.
+
+    Returns:
+        ``[...]`` drift, ``>= 0`` and zero (with zero gradient in ``ratio``) at ``ratio = 1``.
+    """
+    ratio = jnp.asarray(ratio, jnp.float32)
+    advantage = jnp.asarray(advantage, jnp.float32)
+    return drift_from_log_ratio(ratio, jnp.log(ratio), advantage, alpha, beta)
+
+
+def dpo_term(alpha: float = DEFAULT_ALPHA, beta: float = DEFAULT_BETA) -> LossTerm:
+    """Policy loss term ``-mean(r A - drift(r, A))`` (no meta-parameters)."""
+    if alpha <= 0 or beta <= 0:
+        raise ValueError(f"DPO needs alpha > 0 and beta > 0, got alpha={alpha}, beta={beta}")
+
+    def loss(meta_params: dict, inputs: LossInputs) -> jax.Array:
+        del meta_params
+        penalty = drift_from_log_ratio(
+            inputs.ratio, inputs.log_ratio, inputs.advantages, alpha, beta
+        )
+        return -jnp.mean(inputs.ratio * inputs.advantages - penalty)
+
+    return LossTerm("dpo", no_meta_params, loss)
+
+
+@register_objective("dpo")
+def make_dpo(alpha: float = DEFAULT_ALPHA, beta: float = DEFAULT_BETA) -> Objective:
+    """DPO's closed-form drift policy loss with PPO's clipped value loss."""
+    return Objective(policy=dpo_term(alpha, beta), value=clipped_l2())

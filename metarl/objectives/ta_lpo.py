@@ -1,0 +1,80 @@
+"""Temporally-aware LPO: the learned drift also sees training progress ``p = n / N``.
+
+Same as :mod:`metarl.objectives.lpo`, with the 8 LPO features ``f(r, A)`` extended by each of
+them times the progress:
+
+    features(r, A, p) = [f(r, A), p f(r, A)]                               (16 per sample)
+    drift(r, A, p)    = relu(net(features) - 1e-4)       [+ relu((r - clip(r, 1±eps)) A)]
+    L_pi              = -mean_i (r_i A_i - drift(r_i, A_i, p))
+
+Multiplying (rather than appending ``p`` as a feature) keeps every feature zero at ``r = 1``
+for every ``p``; with the bias-free network the drift is therefore ``>= 0`` and vanishes with
+its gradient at ``r = 1`` throughout training, while its shape may change over time.
+``p`` comes from ``LossInputs.progress``. The value loss is PPO's clipped L2.
+
+Meta-parameters: ``{"policy": {"layers": [{"w": [16, h1]}, ..., {"w": [hL, 1]}]},
+"value": {}}``, float32, no biases.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+
+from inner_loops.objective import Objective, clipped_l2
+from metarl.objectives.lpo import (
+    DEFAULT_HIDDEN_SIZES,
+    NUM_LPO_FEATURES,
+    drift_term,
+    drift_with_features,
+    lpo_features,
+)
+from metarl.objectives.registry import register_objective
+
+NUM_TA_LPO_FEATURES = 2 * NUM_LPO_FEATURES
+
+
+def ta_lpo_features(
+    ratio: jax.Array, log_ratio: jax.Array, advantage: jax.Array, progress: jax.Array
+) -> jax.Array:
+    """``[...]`` inputs of one shape -> ``[..., 16]``: LPO's 8 features and each times ``p``."""
+    base = lpo_features(ratio, log_ratio, advantage, progress)
+    return jnp.concatenate([base, base * progress[..., None]], axis=-1)
+
+
+def drift(
+    meta_params: dict,
+    ratio: jax.Array,
+    advantage: jax.Array,
+    clip_eps: jax.Array | float = 0.2,
+    progress: jax.Array | float = 0.0,
+    *,
+    ppo_init: bool = False,
+) -> jax.Array:
+    """Temporally-aware drift, broadcasting ``ratio``, ``advantage`` and ``progress``.
+
+    Args:
+        meta_params: the ``"policy"`` meta-parameters of a ``"ta_lpo"`` objective.
+        ratio: ``[...]`` probability ratios (> 0).
+        advantage: ``[...]`` advantages.
+        clip_eps: PPO clip range, used only with ``ppo_init``.
+        progress: ``[]`` or ``[...]`` training progress ``n / N`` in ``[0, 1]``.
+        ppo_init: whether the objective was built with ``ppo_init=True``.
+
+    Returns:
+        ``[...]`` drift, ``>= 0``, zero at ``ratio = 1`` for every progress.
+    """
+    return drift_with_features(
+        ta_lpo_features, meta_params, ratio, advantage, clip_eps, progress, ppo_init=ppo_init
+    )
+
+
+@register_objective("ta_lpo")
+def make_ta_lpo(
+    hidden_sizes: Sequence[int] = DEFAULT_HIDDEN_SIZES, ppo_init: bool = False
+) -> Objective:
+    """Temporally-aware LPO drift policy loss with PPO's clipped value loss."""
+    policy = drift_term("ta_lpo", ta_lpo_features, NUM_TA_LPO_FEATURES, hidden_sizes, ppo_init)
+    return Objective(policy=policy, value=clipped_l2())
