@@ -260,31 +260,50 @@ def test_lpo_loss_matches_drift_function():
     )
 
 
-def test_value_distance_l2_residual_init_equals_l2():
-    objective = make_objective("value_distance")
-    meta = _init("value_distance")
+@pytest.mark.parametrize("form", ["scaled_l2", "l2_residual"])
+def test_value_distance_init_equals_l2(form):
+    objective = make_objective("value_distance", form=form)
+    meta = _init("value_distance", form=form)
     value_loss = jax.jit(objective.value_loss)
     l2_loss = jax.jit(make_objective("l2").value_loss)
     for seed in range(3):
         inputs = random_inputs(seed, batch=N)
-        np.testing.assert_array_equal(value_loss(meta, inputs), l2_loss(meta, inputs))
+        # equal up to float32 rounding of the fused reduction
+        np.testing.assert_allclose(value_loss(meta, inputs), l2_loss(meta, inputs), rtol=1e-6)
     x = np.linspace(-3.0, 3.0, 60, dtype=np.float32).reshape(5, 12)
-    np.testing.assert_array_equal(_distance(meta["value"], x, True), 0.5 * x * x)
+    np.testing.assert_array_equal(_distance(meta["value"], x, form), 0.5 * x * x)
     # Changing the output layer moves it away from L2.
     moved = jax.tree.map(lambda w: w + 0.1, meta["value"])
-    assert not np.allclose(_distance(moved, x, True), 0.5 * x * x)
+    assert not np.allclose(_distance(moved, x, form), 0.5 * x * x)
+
+
+def test_scaled_l2_rescales_large_errors_by_the_saturated_network():
+    meta = _init("value_distance", hidden_sizes=(4,))["value"]
+    # a unit that saturates for large |x| and an output weight of log(0.1): far from zero
+    # the distance becomes 0.1 * 0.5 x^2 (a 10x smaller value loss), at zero it stays 0.
+    meta["layers"][0]["w"] = jnp.array([[10.0, 0.0, 0.0, 0.0]])
+    meta["layers"][1]["w"] = jnp.array([[np.log(0.1)], [0.0], [0.0], [0.0]], jnp.float32)
+    x = np.array([-50.0, 0.0, 50.0], np.float32)
+    d = np.asarray(_distance(meta, x, "scaled_l2"))
+    # x < 0: tanh -> -1, g = -log(0.1)... the unit is odd, so the two sides scale inversely
+    np.testing.assert_allclose(d, [0.5 * 2500 * 10.0, 0.0, 0.5 * 2500 * 0.1], rtol=1e-5)
 
 
 def test_value_distance_loss_is_mean_distance():
-    objective = make_objective("value_distance", hidden_sizes=(8,), l2_residual=False)
-    meta = _init("value_distance", hidden_sizes=(8,), l2_residual=False)
+    objective = make_objective("value_distance", hidden_sizes=(8,), form="raw")
+    meta = _init("value_distance", hidden_sizes=(8,), form="raw")
     shapes = jax.tree.map(np.shape, meta["value"])
     assert shapes == {"layers": [{"w": (1, 8), "b": (8,)}, {"w": (8, 1), "b": (1,)}]}
     inputs = random_inputs(11, batch=N)
     errors = np.asarray(inputs.values) - np.asarray(inputs.targets)
-    d = np.asarray(_distance(meta["value"], errors, False))
+    d = np.asarray(_distance(meta["value"], errors, "raw"))
     np.testing.assert_allclose(jax.jit(objective.value_loss)(meta, inputs), np.mean(d), rtol=1e-5)
     assert np.std(d) > 0  # a random network is not the zero function
+
+
+def test_value_distance_rejects_an_unknown_form():
+    with pytest.raises(ValueError, match="form: got 'cubic'"):
+        make_objective("value_distance", form="cubic")
 
 
 # ---------------------------------------------------------------- drift constraints
@@ -403,21 +422,21 @@ def test_dpo_drift_constraints(ratio, advantage, alpha, beta):
 def _randomised_distance_params(seed: int, scale: float) -> dict:
     """Random weights and biases everywhere (including the output layer), times ``scale``."""
     rng = np.random.default_rng(seed)
-    params = _init("value_distance", l2_residual=False)["value"]
+    params = _init("value_distance", form="raw")["value"]
     return jax.tree.map(
         lambda w: jnp.asarray(scale * rng.standard_normal(w.shape), jnp.float32), params
     )
 
 
 @HYPOTHESIS
-@given(seed=seeds, scale=scales, l2_residual=st.booleans())
-def test_value_distance_zero_at_zero(seed, scale, l2_residual):
+@given(seed=seeds, scale=scales, form=st.sampled_from(["scaled_l2", "l2_residual", "raw"]))
+def test_value_distance_zero_at_zero(seed, scale, form):
     params = _randomised_distance_params(seed, scale)
-    assert _distance(params, np.float32(0.0), l2_residual) == 0
+    assert _distance(params, np.float32(0.0), form) == 0
     # Zeros inside a batch of non-zero errors are exactly zero too, for any batch shape.
     x = np.random.default_rng(seed).standard_normal((5, 12)).astype(np.float32)
     x[:, ::3] = 0.0
-    d = np.asarray(_distance(params, x, l2_residual))
+    d = np.asarray(_distance(params, x, form))
     assert d.shape == (5, 12)
     assert np.all(d[:, ::3] == 0)
     assert np.any(d != 0)  # (saturated tanh units can make d(x) = 0 elsewhere too)
