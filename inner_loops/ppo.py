@@ -166,6 +166,17 @@ class Transition(NamedTuple):
     final_obs: jax.Array
 
 
+class Minibatch(NamedTuple):
+    """What the loss reads of ``B`` shuffled transitions (each field ``[B, ...]``)."""
+
+    obs: jax.Array
+    action: jax.Array
+    log_prob: jax.Array
+    value: jax.Array
+    advantages: jax.Array
+    targets: jax.Array
+
+
 @struct.dataclass
 class EpisodeStats:
     """Running returns of unfinished episodes, per environment ``[N]``."""
@@ -249,11 +260,11 @@ def make_train(config: PPOConfig, objective: Objective | None = None):
     num_envs, num_steps = config.num_envs, config.num_steps
     default_meta_params = objective.init(jax.random.PRNGKey(0))
 
-    def loss_fn(params, meta_params, hypers, progress, minibatch):
-        transitions, advantages, targets = minibatch
-        logits_or_mean, log_std, values = network.apply(params, transitions.obs)
-        new_log_prob = networks.log_prob(discrete, logits_or_mean, log_std, transitions.action)
-        log_ratio = new_log_prob - transitions.log_prob
+    def loss_fn(params, meta_params, hypers, progress, minibatch: Minibatch):
+        logits_or_mean, log_std, values = network.apply(params, minibatch.obs)
+        new_log_prob = networks.log_prob(discrete, logits_or_mean, log_std, minibatch.action)
+        log_ratio = new_log_prob - minibatch.log_prob
+        advantages = minibatch.advantages
         ratio = jnp.exp(log_ratio)
         if config.normalize_advantages:
             advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
@@ -262,8 +273,8 @@ def make_train(config: PPOConfig, objective: Objective | None = None):
             log_ratio=log_ratio,
             advantages=advantages,
             values=values,
-            old_values=transitions.value,
-            targets=targets,
+            old_values=minibatch.value,
+            targets=minibatch.targets,
             clip_eps=hypers.clip_eps,
             progress=progress,
         )
@@ -340,8 +351,11 @@ def make_train(config: PPOConfig, objective: Objective | None = None):
                 updates = jax.tree.map(lambda u: -learning_rate * u, updates)
                 return (optax.apply_updates(params, updates), opt_state), diagnostics
 
+            # only what the loss reads is shuffled into minibatches
+            batch = Minibatch(rollout.obs, rollout.action, rollout.log_prob, rollout.value,
+                              advantages, targets)
+
             def epoch(carry, permutation_key):
-                batch = (rollout, advantages, targets)
                 flat = jax.tree.map(lambda x: x.reshape(config.batch_size, *x.shape[2:]), batch)
                 order = jax.random.permutation(permutation_key, config.batch_size)
                 minibatches = jax.tree.map(
