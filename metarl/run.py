@@ -25,7 +25,7 @@ from typing import Any
 import jax
 import numpy as np
 from flax import serialization
-from tqdm.auto import tqdm
+from tqdm import tqdm
 
 from metarl.checkpoint import CheckpointError, RunCheckpointer
 from metarl.config import ExperimentConfig, config_from_dict, read_config_data

@@ -1,0 +1,772 @@
+"""Figures of learned objectives and of meta-evolution runs.
+
+Every ``plot_*`` function returns a :class:`matplotlib.figure.Figure` built without pyplot
+(so nothing is shown and no GUI backend is needed; PNGs are written with Agg), and
+:func:`plot_run` writes the figures of a run directory to ``<run_dir>/plots/*.png``:
+
+==============================  =========================================================
+``fitness.png``                 fitness per generation (always)
+``value_distance.png``          learned value distance vs L2 (objective ``value_distance``)
+``drift_{mean,best}.png``       drift heatmap and slices (objectives ``lpo``, ``ta_lpo``)
+``temporal_drift_*.png``        drift at several training-progress values (``ta_lpo``)
+``learning_curves.png``         evolved vs baselines on held-out seeds (``evaluation.json``)
+==============================  =========================================================
+
+The drift plots take a plain function ``drift_fn(ratio, advantage, progress=0.0)``;
+:func:`make_drift_fn` builds one for ``lpo``/``ta_lpo`` meta-parameters, ``dpo`` and ``ppo``.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import json
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import matplotlib
+import numpy as np
+from matplotlib import colors as mcolors
+from matplotlib.figure import Figure
+from matplotlib.ticker import FixedLocator, NullLocator, ScalarFormatter
+
+from metarl.evaluate import EVALUATION_FILE
+from metarl.objectives import dpo, lpo, ta_lpo
+from metarl.objectives.value_distance import value_distance
+from metarl.run import (
+    BEST_FILE,
+    MEAN_FILE,
+    RunError,
+    load_meta_params,
+    read_metrics,
+    read_run_config,
+)
+
+PLOTS_DIR = "plots"
+
+DriftFn = Callable[..., Any]  # (ratio [...], advantage [...], progress=0.0) -> drift [...]
+
+# One colour per role, the same in every figure.
+CANDIDATE_COLOURS = ("C0", "C1", "C4", "C5", "C6", "C8", "C9")
+BASELINE_COLOURS = {"ppo": "C3", "l2": "C1", "dpo": "C2"}
+SEQUENTIAL_CMAP = "viridis"
+
+
+# --------------------------------------------------------------------------------------
+# helpers
+
+
+def _new_figure(width: float, height: float) -> Figure:
+    return Figure(figsize=(width, height), layout="constrained")
+
+
+def _is_param_tree(value: Any) -> bool:
+    """A term's meta-parameters (``{"layers": [...]}``), as opposed to a labelled mapping."""
+    return isinstance(value, Mapping) and "layers" in value
+
+
+def _labelled(params: Any, default_label: str, term: str) -> dict[str, Any]:
+    """``params`` or ``{label: params}`` -> ``{label: term params}``.
+
+    Also accepts whole meta-parameters ``{"policy": ..., "value": ...}`` and takes ``term``.
+    """
+    if isinstance(params, Mapping) and set(params) == {"policy", "value"}:
+        params = params[term]
+    if _is_param_tree(params) or not isinstance(params, Mapping):
+        return {default_label: params}
+    labelled = {}
+    for label, value in params.items():
+        if isinstance(value, Mapping) and set(value) == {"policy", "value"}:
+            value = value[term]
+        labelled[str(label)] = value
+    return labelled
+
+
+def _as_numpy(values) -> np.ndarray:
+    return np.asarray(jax.device_get(values), np.float64)
+
+
+def _ratio_grid(ratio_range: tuple[float, float], num: int, log_ratio: bool) -> np.ndarray:
+    low, high = ratio_range
+    if not 0 < low < high:
+        raise ValueError(f"ratio_range: need 0 < low < high, got {ratio_range}")
+    grid = np.geomspace(low, high, num) if log_ratio else np.linspace(low, high, num)
+    # Make sure r = 1 itself is a grid point: every drift vanishes exactly there.
+    if low < 1 < high:
+        grid = np.unique(np.append(grid, 1.0))
+    return grid
+
+
+def _format_ratio_axis(ax, ratio_range: tuple[float, float], log_ratio: bool) -> None:
+    ax.set_xlim(*ratio_range)
+    if log_ratio:
+        ax.set_xscale("log")
+        candidates = (0.25, 0.5, 0.8, 1.0, 1.25, 2.0, 4.0)
+        ticks = [t for t in candidates if ratio_range[0] <= t <= ratio_range[1]]
+        ax.xaxis.set_major_locator(FixedLocator(ticks))
+        ax.xaxis.set_major_formatter(ScalarFormatter())
+        ax.xaxis.set_minor_locator(NullLocator())  # log minor ticks cost much and say little
+
+
+def _evaluate_drift(drift_fn: DriftFn, ratio, advantage, progress=None) -> np.ndarray:
+    ratio = jnp.asarray(ratio, jnp.float32)
+    advantage = jnp.asarray(advantage, jnp.float32)
+    if progress is None:
+        return _as_numpy(drift_fn(ratio, advantage))
+    return _as_numpy(drift_fn(ratio, advantage, progress=jnp.float32(progress)))
+
+
+def _drift_name(drift_fn: DriftFn, label: str | None) -> str:
+    if label is not None:
+        return label
+    if drift_fn is dpo.drift:
+        return f"DPO drift (α = {dpo.DEFAULT_ALPHA:g}, β = {dpo.DEFAULT_BETA:g})"
+    return getattr(drift_fn, "label", None) or "drift"
+
+
+# --------------------------------------------------------------------------------------
+# learned value distance
+
+
+def _default_value_distance_form() -> str | None:
+    """The ``form`` that :func:`value_distance` uses when none is given (None: no forms)."""
+    parameter = inspect.signature(value_distance).parameters.get("form")
+    return None if parameter is None else parameter.default
+
+
+def plot_value_distance(
+    meta_params_value_term: Any,
+    x_range: tuple[float, float] = (-5.0, 5.0),
+    *,
+    form: str | None = None,
+    num_points: int = 401,
+    label: str = "learned d(x)",
+    title: str | None = None,
+) -> Figure:
+    """The learned value distance ``d(x)``, ``x = value - target``, against L2 ``½x²``.
+
+    Three panels: ``d(x)`` with ``½x²``; the derivatives ``d'(x)`` and ``x`` (the gradient
+    the critic receives for an error ``x``, from ``jax.grad``); and what evolution changed:
+    for the ``scaled_l2`` form the weight relative to L2, ``d(x) / ½x² = exp(g(x))`` (1 for
+    L2), for the additive forms the deviation ``d(x) - ½x²`` (0 for L2).
+
+    Args:
+        meta_params_value_term: the ``"value"`` meta-parameters of a ``value_distance``
+            objective (``{"layers": [...]}``), whole meta-parameters
+            ``{"policy": ..., "value": ...}``, or a mapping ``{label: params}`` to overlay
+            several candidates (e.g. ``{"mean": ..., "best": ...}``).
+        x_range: range of ``value - target`` to draw.
+        form: the objective's ``form`` option (``scaled_l2``, ``l2_residual``, ``raw``);
+            by default :func:`~metarl.objectives.value_distance.value_distance`'s default.
+        num_points: grid size.
+        label: legend label when a single parameter set is given.
+        title: figure title (a default says what is shown).
+    """
+    candidates = _labelled(meta_params_value_term, label, "value")
+    resolved = form if form is not None else _default_value_distance_form()
+    relative = resolved == "scaled_l2"
+    x = jnp.linspace(float(x_range[0]), float(x_range[1]), int(num_points), dtype=jnp.float32)
+    x_np = _as_numpy(x)
+    l2 = 0.5 * x_np**2
+
+    fig = _new_figure(13.5, 4.2)
+    ax_d, ax_grad, ax_change = fig.subplots(1, 3)
+    for index, (name, params) in enumerate(candidates.items()):
+        colour = CANDIDATE_COLOURS[index % len(CANDIDATE_COLOURS)]
+
+        def distance(v, params=params):
+            if form is None:
+                return value_distance(params, v)
+            return value_distance(params, v, form=form)
+
+        d = _as_numpy(distance(x))
+        grad = _as_numpy(jax.vmap(jax.grad(distance))(x))
+        ax_d.plot(x_np, d, color=colour, lw=2.6, label=name)
+        ax_grad.plot(x_np, grad, color=colour, lw=2.6, label=f"{name}: d'(x)")
+        if relative:
+            with np.errstate(divide="ignore", invalid="ignore"):
+                weight = np.where(x_np == 0.0, np.nan, d / l2)
+            ax_change.plot(x_np, weight, color=colour, lw=2.6, label=f"{name}: d(x) / ½x²")
+        else:
+            ax_change.plot(x_np, d - l2, color=colour, lw=2.6, label=f"{name}: d(x) - ½x²")
+    ax_d.plot(x_np, l2, color="black", ls="--", lw=1.2, label="L2: ½x²")
+    ax_grad.plot(x_np, x_np, color="black", ls="--", lw=1.2, label="L2: x")
+    if relative:
+        ax_change.axhline(1.0, color="black", ls="--", lw=1.2, label="L2 (weight 1)")
+        ax_change.set_title("learned weight relative to L2")
+        ax_change.set_ylabel("d(x) / ½x² = exp(g(x))")
+    else:
+        ax_change.axhline(0.0, color="black", ls="--", lw=1.2, label="L2 (zero deviation)")
+        ax_change.set_title("learned deviation from L2")
+        ax_change.set_ylabel("d(x) - ½x²")
+
+    ax_d.set_title("distance d(x)")
+    ax_d.set_ylabel("loss per sample")
+    ax_grad.set_title("derivative d'(x): gradient on the value")
+    ax_grad.set_ylabel("d'(x)")
+    for ax in (ax_d, ax_grad, ax_change):
+        ax.set_xlabel("x = value - target")
+        ax.axvline(0.0, color="0.8", lw=0.8, zorder=0)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize="small")
+    form_text = f" (form {resolved})" if resolved else ""
+    fig.suptitle(title or f"Learned value distance vs L2{form_text}")
+    return fig
+
+
+# --------------------------------------------------------------------------------------
+# drift functions
+
+
+def make_drift_fn(
+    objective_name: str,
+    policy_meta_params: Any = None,
+    *,
+    clip_eps: float = 0.2,
+    ppo_init: bool = False,
+    alpha: float = dpo.DEFAULT_ALPHA,
+    beta: float = dpo.DEFAULT_BETA,
+) -> DriftFn:
+    """A drift as a plain function ``drift_fn(ratio, advantage, progress=0.0) -> drift``.
+
+    Args:
+        objective_name: ``"lpo"`` or ``"ta_lpo"`` (need ``policy_meta_params``), ``"dpo"``
+            or ``"ppo"`` (PPO's clipping written as a drift).
+        policy_meta_params: the ``"policy"`` meta-parameters (or whole meta-parameters).
+        clip_eps: PPO's clip range (for ``"ppo"`` and for ``ppo_init`` objectives).
+        ppo_init: whether the ``lpo``/``ta_lpo`` objective was built with ``ppo_init``.
+        alpha, beta: DPO's constants.
+
+    The function carries a ``label`` attribute used by the plots.
+    """
+    if isinstance(policy_meta_params, Mapping) and set(policy_meta_params) == {"policy", "value"}:
+        policy_meta_params = policy_meta_params["policy"]
+    if objective_name in ("lpo", "ta_lpo"):
+        if policy_meta_params is None:
+            raise ValueError(f"make_drift_fn: {objective_name!r} needs its policy meta-parameters")
+        module = lpo if objective_name == "lpo" else ta_lpo
+
+        def learned(ratio, advantage, progress=0.0):
+            return module.drift(policy_meta_params, ratio, advantage, clip_eps, progress,
+                                ppo_init=ppo_init)
+
+        learned.label = f"learned {objective_name.upper().replace('_', '-')} drift"
+        learned.uses_progress = objective_name == "ta_lpo"
+        return learned
+    if objective_name == "dpo":
+
+        def closed_form(ratio, advantage, progress=0.0):
+            del progress
+            return dpo.drift(ratio, advantage, alpha, beta)
+
+        closed_form.label = f"DPO drift (α = {alpha:g}, β = {beta:g})"
+        closed_form.uses_progress = False
+        return closed_form
+    if objective_name == "ppo":
+
+        def clipping(ratio, advantage, progress=0.0):
+            del progress
+            return lpo.ppo_drift(jnp.asarray(ratio, jnp.float32),
+                                 jnp.asarray(advantage, jnp.float32), clip_eps)
+
+        clipping.label = f"PPO clip drift (ε = {clip_eps:g})"
+        clipping.uses_progress = False
+        return clipping
+    raise ValueError(
+        f"make_drift_fn: unknown objective {objective_name!r}; allowed: lpo, ta_lpo, dpo, ppo"
+    )
+
+
+@functools.lru_cache(maxsize=16)
+def _reference_drift(name: str, clip_eps: float) -> DriftFn:
+    """PPO's or DPO's drift, one function object per setting (so its compilation is reused)."""
+    return make_drift_fn(name, clip_eps=clip_eps)
+
+
+def _reference_drifts(compare: Sequence[str], clip_eps: float) -> dict[str, tuple[DriftFn, dict]]:
+    styles = {
+        "ppo": {"color": "black", "ls": "--", "lw": 1.5},
+        "dpo": {"color": "C2", "ls": ":", "lw": 2.0},
+    }
+    references = {}
+    for name in compare:
+        if name not in styles:
+            raise ValueError(f"compare: unknown reference drift {name!r}; allowed: ppo, dpo")
+        fn = _reference_drift(name, float(clip_eps))
+        references[fn.label] = (fn, styles[name])
+    return references
+
+
+def plot_drift(
+    drift_fn: DriftFn,
+    *,
+    label: str | None = None,
+    ratio_range: tuple[float, float] = (0.5, 2.0),
+    advantage_range: tuple[float, float] = (-2.0, 2.0),
+    log_ratio: bool = True,
+    progress: float = 0.0,
+    slice_advantages: Sequence[float] = (1.0, -1.0),
+    compare: Sequence[str] | None = None,
+    clip_eps: float = 0.2,
+    num_points: int = 201,
+    title: str | None = None,
+) -> Figure:
+    """A drift ``D(r, A)`` as a heatmap over ratio × advantage, plus slices at fixed ``A``.
+
+    The policy maximises ``r A - D(r, A)``: the drift is the penalty for moving the ratio
+    ``r = π_new / π_old`` away from 1 when the advantage is ``A``. The heatmap marks ``r = 1``
+    and PPO's clip range; each slice panel draws the drift at one advantage next to PPO's
+    clipping drift ``relu((r - clip(r, 1 ± ε)) A)`` and DPO's closed-form drift.
+
+    Args:
+        drift_fn: ``(ratio, advantage[, progress=...]) -> drift``, broadcasting; e.g.
+            ``make_drift_fn("lpo", meta_params["policy"])`` or ``metarl.objectives.dpo.drift``.
+        label: name of the drift in titles and legends (default: ``drift_fn.label``).
+        ratio_range, advantage_range: the grid; ``log_ratio`` spaces the ratio
+            logarithmically (``r`` and ``1/r`` equally far from 1).
+        progress: training progress passed to ``drift_fn`` (``ta_lpo``); ignored if
+            ``drift_fn`` takes no ``progress``.
+        slice_advantages: one slice panel per advantage value.
+        compare: reference drifts in the slices, from ``"ppo"`` and ``"dpo"`` (default both,
+            without the one ``drift_fn`` itself is).
+        clip_eps: PPO's clip range for the reference and the marked clip range.
+        num_points: grid points per axis.
+        title: figure title.
+    """
+    name = _drift_name(drift_fn, label)
+    if compare is None:
+        compare = [c for c in ("ppo", "dpo")
+                   if not (c == "dpo" and (drift_fn is dpo.drift or name.startswith("DPO")))
+                   and not (c == "ppo" and name.startswith("PPO"))]
+    references = _reference_drifts(compare, clip_eps)
+    takes_progress = _takes_progress(drift_fn)
+    progress_arg = progress if takes_progress else None
+
+    ratios = _ratio_grid(ratio_range, num_points, log_ratio)
+    advantages = np.linspace(advantage_range[0], advantage_range[1], num_points)
+    grid = _evaluate_drift(drift_fn, ratios[None, :], advantages[:, None], progress_arg)
+
+    fig = _new_figure(5.6 + 4.2 * len(slice_advantages), 4.4)
+    fig.get_layout_engine().set(w_pad=0.15)
+    axes = fig.subplots(1, 1 + len(slice_advantages),
+                        gridspec_kw={"width_ratios": [1.3] + [1.0] * len(slice_advantages)})
+    axes = np.atleast_1d(axes)
+    ax_map = axes[0]
+    image = ax_map.pcolormesh(ratios, advantages, grid, shading="auto", cmap=SEQUENTIAL_CMAP,
+                              norm=mcolors.Normalize(vmin=0.0, vmax=_upper(grid)))
+    fig.colorbar(image, ax=ax_map, label="drift D(r, A)")
+    ax_map.axvline(1.0, color="white", lw=1.0, label="r = 1")
+    for bound in (1.0 - clip_eps, 1.0 + clip_eps):
+        ax_map.axvline(bound, color="white", lw=1.0, ls="--",
+                       label=f"PPO clip range 1 ± {clip_eps:g}" if bound < 1 else None)
+    for a in slice_advantages:
+        ax_map.axhline(a, color="white", lw=0.8, ls=":",
+                       label="slices" if a == slice_advantages[0] else None)
+    _format_ratio_axis(ax_map, ratio_range, log_ratio)
+    ax_map.set_xlabel("probability ratio r = π_new / π_old" + (" (log scale)" if log_ratio else ""))
+    ax_map.set_ylabel("advantage A")
+    ax_map.set_title(name)
+    ax_map.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=3, fontsize="small",
+                  facecolor="0.35", labelcolor="white", framealpha=1.0)
+
+    for ax, a in zip(axes[1:], slice_advantages, strict=True):
+        ones = np.full_like(ratios, a)
+        ax.plot(ratios, _evaluate_drift(drift_fn, ratios, ones, progress_arg), color="C0", lw=2.2,
+                label=name)
+        for ref_label, (ref_fn, style) in references.items():
+            ax.plot(ratios, _evaluate_drift(ref_fn, ratios, ones), label=ref_label, **style)
+        ax.axvline(1.0, color="0.7", lw=0.8, zorder=0)
+        _format_ratio_axis(ax, ratio_range, log_ratio)
+        ax.set_xlabel("probability ratio r")
+        ax.set_ylabel("drift D(r, A)")
+        ax.set_title(f"slice at A = {a:+g}")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize="small")
+    suffix = f" at training progress {progress:g}" if _uses_progress(drift_fn) else ""
+    fig.suptitle(title or f"Drift over ratio × advantage{suffix}: the penalty subtracted from r·A")
+    return fig
+
+
+def _upper(values: np.ndarray) -> float:
+    finite = values[np.isfinite(values)]
+    top = float(finite.max()) if finite.size else 1.0
+    return top if top > 0 else 1.0
+
+
+def _takes_progress(drift_fn: DriftFn) -> bool:
+    """Whether ``drift_fn`` accepts a ``progress`` keyword."""
+    try:
+        parameters = inspect.signature(drift_fn).parameters
+    except (TypeError, ValueError):
+        return False
+    return "progress" in parameters or any(
+        p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()
+    )
+
+
+def _uses_progress(drift_fn: DriftFn) -> bool:
+    """Whether the drift's value depends on training progress (``make_drift_fn`` marks it)."""
+    marked = getattr(drift_fn, "uses_progress", None)
+    return _takes_progress(drift_fn) if marked is None else bool(marked)
+
+
+def plot_temporal_drift(
+    drift_fn: DriftFn,
+    progresses: Sequence[float] = (0.0, 0.25, 0.5, 0.75, 1.0),
+    *,
+    label: str | None = None,
+    ratio_range: tuple[float, float] = (0.5, 2.0),
+    advantage_range: tuple[float, float] = (-2.0, 2.0),
+    log_ratio: bool = True,
+    slice_advantages: Sequence[float] = (1.0, -1.0),
+    clip_eps: float = 0.2,
+    num_points: int = 121,
+    title: str | None = None,
+) -> Figure:
+    """A temporally-aware drift ``D(r, A, p)`` at several training-progress values ``p``.
+
+    Top row: one heatmap per progress value, all on one colour scale (one colour bar).
+    Bottom row: slices at fixed advantages, one line per progress value (colour = progress),
+    with PPO's clipping drift for reference.
+
+    Args:
+        drift_fn: ``(ratio, advantage, progress=...) -> drift``, e.g.
+            ``make_drift_fn("ta_lpo", meta_params["policy"])``.
+        progresses: training progress values ``n / N`` in ``[0, 1]``.
+        label, ratio_range, advantage_range, log_ratio, slice_advantages, clip_eps,
+        num_points, title: as in :func:`plot_drift`.
+    """
+    if not progresses:
+        raise ValueError("progresses: need at least one progress value")
+    if not _takes_progress(drift_fn):
+        raise ValueError("plot_temporal_drift: drift_fn must take a `progress` argument")
+    name = _drift_name(drift_fn, label)
+    ratios = _ratio_grid(ratio_range, num_points, log_ratio)
+    advantages = np.linspace(advantage_range[0], advantage_range[1], num_points)
+    grids = [_evaluate_drift(drift_fn, ratios[None, :], advantages[:, None], p)
+             for p in progresses]
+    norm = mcolors.Normalize(vmin=0.0, vmax=max(_upper(g) for g in grids))
+
+    columns = len(progresses)
+    fig = _new_figure(max(3.0 * columns, 9.0), 7.6)
+    sub_top, sub_bottom = fig.subfigures(2, 1, height_ratios=[1.0, 1.1])
+    map_axes = np.atleast_1d(sub_top.subplots(1, columns, sharey=True))
+    image = None
+    for ax, p, grid in zip(map_axes, progresses, grids, strict=True):
+        image = ax.pcolormesh(ratios, advantages, grid, shading="auto", cmap=SEQUENTIAL_CMAP,
+                              norm=norm)
+        ax.axvline(1.0, color="white", lw=0.8)
+        _format_ratio_axis(ax, ratio_range, log_ratio)
+        ax.tick_params(axis="x", labelsize="small")
+        ax.set_title(f"progress p = {p:g}")
+        ax.set_xlabel("ratio r")
+    map_axes[0].set_ylabel("advantage A")
+    sub_top.colorbar(image, ax=list(map_axes), label="drift D(r, A, p)", shrink=0.9, pad=0.01)
+    sub_top.suptitle(f"{name} over ratio × advantage (shared colour scale)")
+
+    slice_axes = np.atleast_1d(sub_bottom.subplots(1, len(slice_advantages)))
+    cmap = matplotlib.colormaps["plasma"]
+    ppo = _reference_drift("ppo", float(clip_eps))
+    first, span = min(progresses), max(max(progresses) - min(progresses), 1e-9)
+    for ax, a in zip(slice_axes, slice_advantages, strict=True):
+        ones = np.full_like(ratios, a)
+        top = 0.0
+        for p in progresses:
+            shade = cmap(0.85 * (p - first) / span)
+            values = _evaluate_drift(drift_fn, ratios, ones, p)
+            top = max(top, _upper(values))
+            ax.plot(ratios, values, color=shade, lw=2, label=f"p = {p:g}")
+        reference = _evaluate_drift(ppo, ratios, ones)
+        # Keep the learned drift readable: PPO's hard clip may run off the top.
+        off_scale = _upper(reference) > 3.0 * top
+        ax.plot(ratios, reference, color="black", ls="--", lw=1.2,
+                label=ppo.label + (" (runs off scale)" if off_scale else ""))
+        if off_scale:
+            ax.set_ylim(-0.04 * top * 1.5, top * 1.5)
+        ax.axvline(1.0, color="0.7", lw=0.8, zorder=0)
+        _format_ratio_axis(ax, ratio_range, log_ratio)
+        ax.set_xlabel("probability ratio r")
+        ax.set_ylabel("drift D(r, A, p)")
+        ax.set_title(f"slice at A = {a:+g}, one line per training progress")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize="small", ncol=2)
+    fig.suptitle(title or "Temporally-aware drift: how the penalty changes over training",
+                 fontsize="large")
+    return fig
+
+
+# --------------------------------------------------------------------------------------
+# runs: fitness and learning curves
+
+
+def plot_fitness(history: Sequence[Mapping[str, Any]] | str | Path, *,
+                 metric: str = "mean_return", title: str | None = None) -> Figure:
+    """Fitness per generation: best, mean, min-max band and best-so-far.
+
+    Args:
+        history: the lines of ``metrics.jsonl`` (``metarl.run.read_metrics``), or a run
+            directory. Invalid candidates (NaN runs) are left out of the statistics and
+            counted in the legend.
+        metric: the run's ``fitness.metric`` (for the y label).
+        title: figure title.
+    """
+    if isinstance(history, str | Path):
+        history = read_metrics(history)
+    if not history:
+        raise ValueError("plot_fitness: the history is empty (no generation finished yet)")
+    generations = np.array([line["generation"] for line in history])
+    best, mean, low, high, std = [], [], [], [], []
+    invalid = 0
+    for line in history:
+        fitness = np.asarray(line["fitness"], np.float64)
+        valid = np.asarray(line.get("valid", [True] * fitness.size), bool) & np.isfinite(fitness)
+        invalid += int((~valid).sum())
+        good = fitness[valid]
+        if good.size:
+            best.append(good.max())
+            mean.append(good.mean())
+            low.append(good.min())
+            high.append(good.max())
+            std.append(good.std())
+        else:
+            best.append(np.nan)
+            mean.append(np.nan)
+            low.append(np.nan)
+            high.append(np.nan)
+            std.append(np.nan)
+    best, mean, low, high, std = map(np.asarray, (best, mean, low, high, std))
+    so_far = np.array([line.get("best_fitness_so_far", np.nan) for line in history], np.float64)
+
+    fig = _new_figure(7.5, 4.5)
+    ax = fig.subplots()
+    population = len(history[-1]["fitness"])
+    ax.fill_between(generations, low, high, color="C0", alpha=0.18, step=None,
+                    label=f"min–max over {population} candidates")
+    ax.fill_between(generations, mean - std, mean + std, color="C0", alpha=0.25,
+                    label="mean ± std")
+    ax.plot(generations, mean, color="C0", marker="o", lw=2, label="mean fitness")
+    ax.plot(generations, best, color="C1", marker="^", lw=1.5, label="best of generation")
+    ax.plot(generations, so_far, color="C3", ls="--", drawstyle="steps-post",
+            label="best so far")
+    if invalid:
+        ax.plot([], [], " ", label=f"{invalid} invalid candidate(s) left out")
+    ax.set_xlabel("generation")
+    described = {"mean_return": "mean episode return over training",
+                 "final_return": "final episode return"}.get(metric, metric)
+    ax.set_ylabel(f"fitness ({described})")
+    ax.xaxis.get_major_locator().set_params(integer=True)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small")
+    ax.set_title(title or "Fitness of the candidates per generation")
+    return fig
+
+
+def _mean_ci(curves: np.ndarray, confidence: float = 0.95) -> tuple[np.ndarray, ...]:
+    """Per-update mean over seeds and a Student-t confidence interval; ``[S, U] -> 3 × [U]``."""
+    from scipy import stats
+
+    count = np.sum(np.isfinite(curves), axis=0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean = np.nanmean(np.where(count[None] > 0, curves, 0.0), axis=0)
+        mean = np.where(count > 0, mean, np.nan)
+        std = np.nanstd(np.where(count[None] > 1, curves, 0.0), axis=0, ddof=1)
+        half = stats.t.ppf(0.5 + confidence / 2, np.maximum(count - 1, 1)) * std / np.sqrt(count)
+    half = np.where(count > 1, half, 0.0)
+    return mean, mean - half, mean + half
+
+
+def plot_learning_curves(
+    evaluation_report: Mapping[str, Any] | str | Path,
+    *,
+    steps_per_update: int | Mapping[str, int] | None = None,
+    title: str | None = None,
+) -> Figure:
+    """Episode return per update on held-out seeds: evolved objective vs each baseline.
+
+    One panel per environment; each objective's line is the mean over seeds with a 95%
+    confidence band (Student t over seeds).
+
+    Args:
+        evaluation_report: the dict returned by :func:`metarl.evaluate.evaluate_run` (or the
+            path of its ``evaluation.json``, or a run directory holding one).
+        steps_per_update: environment steps per update (``num_envs * num_steps``), one int
+            or one per environment id, to put environment steps on the x axis; by default
+            the report's ``steps_per_update`` if it has one, else updates.
+        title: figure title.
+    """
+    report = _read_report(evaluation_report)
+    results = report.get("results") or []
+    if not results:
+        raise ValueError("plot_learning_curves: the report has no results")
+    steps_per_update = steps_per_update if steps_per_update is not None \
+        else report.get("steps_per_update")
+    env_ids = list(dict.fromkeys(r["env_id"] for r in results))
+    objectives = list(dict.fromkeys(r["objective"] for r in results))
+    which = report.get("meta_params", "mean")
+
+    fig = _new_figure(6.0 * len(env_ids), 4.4)
+    axes = np.atleast_1d(fig.subplots(1, len(env_ids), squeeze=False)[0])
+    for ax, env_id in zip(axes, env_ids, strict=True):
+        scale = steps_per_update.get(env_id) if isinstance(steps_per_update, Mapping) \
+            else steps_per_update
+        for result in (r for r in results if r["env_id"] == env_id):
+            curves = np.array([[np.nan if v is None else v for v in row]
+                               for row in result["curves"]], np.float64)
+            if curves.ndim != 2 or curves.size == 0:
+                continue
+            mean, low, high = _mean_ci(curves)
+            x = np.arange(1, curves.shape[1] + 1, dtype=np.float64)
+            if scale:
+                x = x * scale
+            objective = result["objective"]
+            if objective == "evolved":
+                colour, style, label = "C0", "-", f"evolved ({which} meta-params)"
+            else:
+                colour = BASELINE_COLOURS.get(objective,
+                                              f"C{4 + objectives.index(objective) % 6}")
+                style, label = "--", f"{objective} (baseline)"
+            seeds = curves.shape[0]
+            ax.plot(x, mean, color=colour, ls=style, lw=2, label=f"{label}, {seeds} seeds")
+            ax.fill_between(x, low, high, color=colour, alpha=0.15)
+        ax.plot([], [], " ", label="bands: 95% CI of the mean")
+        ax.set_xlabel("environment steps per agent" if scale else "update")
+        ax.set_ylabel("episode return")
+        ax.set_title(env_id)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize="small")
+    fig.suptitle(title or "Learning curves on held-out seeds: evolved objective vs baselines")
+    return fig
+
+
+def _read_report(report: Mapping[str, Any] | str | Path) -> Mapping[str, Any]:
+    if isinstance(report, Mapping):
+        return report
+    path = Path(report)
+    if path.is_dir():
+        path = path / EVALUATION_FILE
+    if not path.is_file():
+        raise RunError(f"no evaluation report at {path}")
+    return json.loads(path.read_text())
+
+
+# --------------------------------------------------------------------------------------
+# a whole run
+
+
+def _save(fig: Figure, path: Path) -> Path:
+    fig.savefig(path, dpi=110)
+    return path
+
+
+def plot_run(run_dir: str | Path) -> list[Path]:
+    """Write the figures of a run to ``<run_dir>/plots/*.png`` and return their paths.
+
+    Always the fitness; then, by objective, the learned value distance (``value_distance``,
+    mean and best meta-parameters in one figure), the drift of the mean and of the best
+    meta-parameters (``lpo``, ``ta_lpo``) and the drift over training progress
+    (``ta_lpo``); and the learning curves when ``evaluation.json`` exists.
+
+    Raises:
+        RunError: ``run_dir`` is missing, is not a run, or has no finished generation.
+    """
+    run_dir = Path(run_dir)
+    config = read_run_config(run_dir)  # raises RunError naming what is missing
+    history = read_metrics(run_dir)
+    if not history:
+        raise RunError(f"{run_dir} has no finished generation yet (metrics.jsonl is empty)")
+    out = run_dir / PLOTS_DIR
+    out.mkdir(exist_ok=True)
+    written = [_save(plot_fitness(history, metric=config.fitness.metric,
+                                  title=f"{config.name}: fitness per generation"),
+                     out / "fitness.png")]
+
+    name = config.objective.name
+    options = dict(config.objective.options)
+    candidates = _load_candidates(run_dir, config)
+    clip_eps = float(config.inner[0].clip_eps)
+    if name == "value_distance" and candidates:
+        fig = plot_value_distance(
+            {CANDIDATE_LABELS[which]: params["value"] for which, params in candidates.items()},
+            form=options.get("form"),
+            title=f"{config.name}: learned value distance vs L2 "
+                  f"(after {history[-1]['generation']} generations)",
+        )
+        written.append(_save(fig, out / "value_distance.png"))
+    elif name in ("lpo", "ta_lpo"):
+        ppo_init = bool(options.get("ppo_init", False))
+        progress = 0.5 if name == "ta_lpo" else 0.0
+        for which, params in candidates.items():
+            drift_fn = make_drift_fn(name, params["policy"], clip_eps=clip_eps,
+                                     ppo_init=ppo_init)
+            label = f"{drift_fn.label}, {CANDIDATE_LABELS[which]}"
+            fig = plot_drift(drift_fn, label=label, progress=progress, clip_eps=clip_eps,
+                             title=f"{config.name}: drift of the {CANDIDATE_LABELS[which]}"
+                                   + (f" at training progress {progress:g}"
+                                      if name == "ta_lpo" else ""))
+            written.append(_save(fig, out / f"drift_{which}.png"))
+            if name == "ta_lpo":
+                fig = plot_temporal_drift(
+                    drift_fn, label=label, clip_eps=clip_eps,
+                    title=f"{config.name}: drift of the {CANDIDATE_LABELS[which]} over training",
+                )
+                written.append(_save(fig, out / f"temporal_drift_{which}.png"))
+
+    evaluation = run_dir / EVALUATION_FILE
+    if evaluation.is_file():
+        report = json.loads(evaluation.read_text())
+        by_env = {inner.env_id: inner.batch_size for inner in config.inner}
+        steps = {r["env_id"]: by_env.get(r["env_id"], config.inner[0].batch_size)
+                 for r in report.get("results", [])}
+        fig = plot_learning_curves(report, steps_per_update=steps,
+                                   title=f"{config.name}: held-out learning curves")
+        written.append(_save(fig, out / "learning_curves.png"))
+    return written
+
+
+CANDIDATE_LABELS = {"mean": "search mean", "best": "best candidate"}
+
+
+def _load_candidates(run_dir: Path, config) -> dict[str, Any]:
+    """``{"mean": params, "best": params}`` for the meta-parameter files present."""
+    template = config.objective.build().init(jax.random.PRNGKey(0))
+    candidates = {}
+    for which, filename in (("mean", MEAN_FILE), ("best", BEST_FILE)):
+        if (run_dir / filename).is_file():
+            candidates[which] = _read_meta_params(run_dir / filename, template)
+    return candidates
+
+
+def _read_meta_params(path: Path, template: Any) -> Any:
+    """Meta-parameters from ``path`` as float32 arrays in ``template``'s structure."""
+    try:
+        params = load_meta_params(path, template)
+    except (TypeError, KeyError, ValueError):
+        # Files written before lists were stored as {"0": ...} dicts hold the lists as they
+        # were; their raw tree already has the template's structure.
+        params = load_meta_params(path)
+    expected, found = jax.tree.structure(template), jax.tree.structure(params)
+    if expected != found:
+        raise RunError(
+            f"{path} does not hold meta-parameters of this run's objective: "
+            f"expected {expected}, found {found}"
+        )
+    params = jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), params)
+    for want, got in zip(jax.tree.leaves(template), jax.tree.leaves(params), strict=True):
+        if np.shape(want) != np.shape(got):
+            raise RunError(f"{path}: a meta-parameter has shape {np.shape(got)}, the "
+                           f"objective's has {np.shape(want)}")
+    return params
+
+
+__all__ = [
+    "make_drift_fn",
+    "plot_drift",
+    "plot_fitness",
+    "plot_learning_curves",
+    "plot_run",
+    "plot_temporal_drift",
+    "plot_value_distance",
+]

@@ -1,0 +1,101 @@
+"""The notebooks run top to bottom (on tiny settings) and are committed without outputs.
+
+Each notebook's first code cell holds its size knobs (``GENERATIONS = 3`` ...); the test
+rewrites them to the values in ``TINY`` and executes the notebook in a fresh ``python3``
+kernel with nbclient. Compilation dominates on the CPU, so the kernels share a persistent JAX
+compilation cache (see ``tests/_subprocess_env.py``): notebooks 1, 2 and 4 and the run of
+``tests/test_plots.py`` use the same value-distance setting and compile its generation step
+once between them.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import nbformat
+import pytest
+from _subprocess_env import jax_cache_env
+
+NOTEBOOK_DIR = Path(__file__).resolve().parents[1] / "notebooks"
+NOTEBOOKS = sorted(NOTEBOOK_DIR.glob("*.ipynb"))
+
+# Knob values for the tests; every notebook must define the knobs it is given here.
+TINY = {"GENERATIONS": 2, "POPULATION_SIZE": 2, "TOTAL_TIMESTEPS": 2048}
+EXTRA = {"02_value_distance.ipynb": {"EVAL_SEEDS": 2}, "04_resume.ipynb": {"RESUME_TO": 3}}
+
+CELL_TIMEOUT = 420  # seconds per cell (the first compilation of a generation step)
+NOTEBOOK_TIMEOUT = 600  # seconds per notebook, through pytest-timeout
+
+
+
+
+
+def set_knobs(notebook, values: dict) -> None:
+    """Rewrite ``NAME = value`` lines of the first code cell; every name must be there."""
+    cell = next(c for c in notebook.cells if c.cell_type == "code")
+    source = cell.source
+    for name, value in values.items():
+        pattern = re.compile(rf"^{name}\s*=.*?(?=\s*(#|$))", re.MULTILINE)
+        source, count = pattern.subn(f"{name} = {value!r}", source)
+        assert count == 1, f"the first code cell does not set {name} exactly once"
+    cell.source = source
+
+
+def test_notebooks_exist():
+    names = [path.name for path in NOTEBOOKS]
+    assert names == [
+        "01_quickstart.ipynb", "02_value_distance.ipynb", "03_lpo_drift.ipynb",
+        "04_resume.ipynb",
+    ]
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_committed_without_outputs(path):
+    notebook = nbformat.read(path, as_version=4)
+    nbformat.validate(notebook)
+    for index, cell in enumerate(notebook.cells):
+        if cell.cell_type != "code":
+            continue
+        assert cell.outputs == [], f"{path.name} cell {index} has outputs"
+        assert cell.execution_count is None, f"{path.name} cell {index} has an execution count"
+
+
+@pytest.mark.timeout(NOTEBOOK_TIMEOUT)
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_notebook_runs(path, tmp_path, monkeypatch):
+    from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
+    from nbclient import NotebookClient
+
+    try:
+        KernelSpecManager().get_kernel_spec("python3")
+    except NoSuchKernel:
+        pytest.fail("no 'python3' Jupyter kernel: run `python -m ipykernel install --user`")
+
+    before = sorted(NOTEBOOK_DIR.rglob("*"))
+    notebook = nbformat.read(path, as_version=4)
+    set_knobs(notebook, {**TINY, **EXTRA.get(path.name, {})})
+    for name, value in jax_cache_env().items():
+        monkeypatch.setenv(name, value)  # inherited by the kernel process
+    monkeypatch.setenv("TMPDIR", str(tmp_path))  # the notebooks' tempfile.mkdtemp() runs
+
+    client = NotebookClient(
+        notebook, timeout=CELL_TIMEOUT, kernel_name="python3",
+        resources={"metadata": {"path": str(NOTEBOOK_DIR)}},
+    )
+    try:
+        client.execute()  # raises CellExecutionError on the first failing cell
+    finally:
+        keep = os.environ.get("METARL_EXECUTED_NOTEBOOKS")  # to look at the outputs
+        if keep:
+            Path(keep).mkdir(parents=True, exist_ok=True)
+            nbformat.write(notebook, Path(keep) / path.name)
+
+    outputs = [o for c in notebook.cells if c.cell_type == "code" for o in c.outputs]
+    errors = [o for o in outputs if o.output_type == "error"]
+    assert not errors, errors
+    images = [o for o in outputs if "image/png" in o.get("data", {})]
+    assert images, f"{path.name} displayed no figure"
+    created = sorted(set(NOTEBOOK_DIR.rglob("*")) - set(before))
+    assert not created, f"the notebook wrote into the repository: {created}"

@@ -1,0 +1,402 @@
+"""Figures of learned objectives and of runs (metarl.plots).
+
+The plot functions are checked on hand-made meta-parameters; ``plot_run`` on one tiny real run
+(made once per module, through the CLI in a subprocess that shares the notebooks' persistent
+JAX compilation cache) and on hand-made run directories for the drift objectives.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from _subprocess_env import jax_cache_env
+from matplotlib.figure import Figure
+
+from inner_loops.objective import ppo_clip_surrogate
+from metarl import plots
+from metarl.config import load_config
+from metarl.objectives import dpo, make_objective
+from metarl.run import RunError, save_meta_params
+
+REPO = Path(__file__).resolve().parents[1]
+VALUE_DISTANCE_TOML = REPO / "experiments" / "value_distance_cartpole.toml"
+LPO_TOML = REPO / "experiments" / "lpo_cartpole_tiny.toml"
+# The same tiny setting as tests/test_notebooks.py, so the compiled generation step is shared.
+TINY_OVERRIDES = ["es.generations=2", "es.population_size=2", "inner.total_timesteps=2048",
+                  "run.progress=false"]
+
+
+# --------------------------------------------------------------------------------------
+# helpers
+
+
+def content_axes(fig: Figure):
+    """The figure's axes without colour bars."""
+    return [ax for ax in fig.axes if ax.get_label() != "<colorbar>"]
+
+
+def colorbars(fig: Figure):
+    return [ax for ax in fig.axes if ax.get_label() == "<colorbar>"]
+
+
+def assert_labelled(fig: Figure, legends: bool = True) -> None:
+    assert isinstance(fig, Figure)
+    assert fig.get_suptitle() or len(content_axes(fig)) == 1, "figure has no title"
+    for ax in content_axes(fig):
+        assert ax.get_xlabel(), f"axes {ax.get_title()!r} has no x label"
+        assert ax.get_title(), "axes without a title"
+        if legends and ax.get_legend() is not None:
+            assert [t.get_text() for t in ax.get_legend().get_texts()]
+
+
+def legend_texts(ax) -> list[str]:
+    legend = ax.get_legend()
+    assert legend is not None, f"axes {ax.get_title()!r} has no legend"
+    return [t.get_text() for t in legend.get_texts()]
+
+
+def line(ax, label: str):
+    """The line of ``ax`` labelled ``label``."""
+    (found,) = [ln for ln in ax.lines if ln.get_label() == label]
+    return found
+
+
+def is_png(path: Path) -> bool:
+    return path.is_file() and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def key():
+    return jax.random.PRNGKey(3)
+
+
+@pytest.fixture(scope="module")
+def value_params(key):
+    params = make_objective("value_distance", hidden_sizes=(8, 8)).init(key)
+    # The output layer starts at zero (d = L2); perturb it so the learned part shows.
+    return jax.tree.map(lambda x: x + 0.1 * jax.random.normal(key, x.shape), params)
+
+
+@pytest.fixture(scope="module")
+def lpo_params(key):
+    return make_objective("lpo", hidden_sizes=(16,)).init(key)
+
+
+@pytest.fixture(scope="module")
+def ta_lpo_params(key):
+    return make_objective("ta_lpo", hidden_sizes=(16,)).init(key)
+
+
+# --------------------------------------------------------------------------------------
+# value distance
+
+
+def test_plot_value_distance(value_params):
+    fig = plots.plot_value_distance(value_params["value"], x_range=(-3, 3), num_points=61)
+    assert_labelled(fig)
+    ax_d, ax_grad, ax_change = content_axes(fig)
+    for ax in (ax_d, ax_grad, ax_change):
+        assert ax.get_ylabel()
+        assert any("L2" in text for text in legend_texts(ax))
+    x, d = line(ax_d, "learned d(x)").get_data()
+    assert x[0] == pytest.approx(-3) and x[-1] == pytest.approx(3)
+    assert d[np.argmin(np.abs(x))] == pytest.approx(0.0, abs=1e-6)  # d(0) = 0
+    l2 = line(ax_d, "L2: ½x²").get_ydata()
+    np.testing.assert_allclose(l2, 0.5 * x**2, rtol=1e-6)
+    # the derivative panel is d'(x) of the same function (checked by finite differences)
+    grad = line(ax_grad, "learned d(x): d'(x)").get_ydata()
+    np.testing.assert_allclose(grad[1:-1], (d[2:] - d[:-2]) / (x[2] - x[0]), atol=2e-2)
+    # the default form scales L2: the third panel is the weight d / ½x² = exp(g) > 0
+    weight = line(ax_change, "learned d(x): d(x) / ½x²").get_ydata()
+    nonzero = x != 0
+    np.testing.assert_allclose(weight[nonzero], d[nonzero] / l2[nonzero], rtol=1e-5)
+    assert np.all(weight[nonzero] > 0)
+
+
+@pytest.mark.parametrize("form, label, neutral", [
+    ("scaled_l2", "learned d(x): d(x) / ½x²", 1.0),
+    ("l2_residual", "learned d(x): d(x) - ½x²", 0.0),
+])
+def test_plot_value_distance_at_init_is_l2(key, form, label, neutral):
+    params = make_objective("value_distance", hidden_sizes=(8, 8), form=form).init(key)
+    fig = plots.plot_value_distance(params, form=form)  # whole meta-params are accepted too
+    ax_d, _, ax_change = content_axes(fig)
+    assert form in fig.get_suptitle()
+    change = line(ax_change, label).get_ydata()
+    np.testing.assert_allclose(change[np.isfinite(change)], neutral, atol=1e-5)
+    np.testing.assert_allclose(line(ax_d, "learned d(x)").get_ydata(),
+                               line(ax_d, "L2: ½x²").get_ydata(), atol=1e-5)
+
+
+def test_plot_value_distance_overlays_labelled_candidates(value_params, key):
+    init = make_objective("value_distance", hidden_sizes=(8, 8)).init(key)
+    fig = plots.plot_value_distance({"mean": init["value"], "best": value_params["value"]},
+                                    num_points=41)
+    texts = legend_texts(content_axes(fig)[0])
+    assert texts[:2] == ["mean", "best"]
+
+
+# --------------------------------------------------------------------------------------
+# drift
+
+
+def test_make_drift_fn_ppo_matches_clip_surrogate():
+    ratio = jnp.linspace(0.4, 2.5, 50)
+    for a in (-1.5, 0.7):
+        advantage = jnp.full_like(ratio, a)
+        drift = plots.make_drift_fn("ppo", clip_eps=0.2)(ratio, advantage)
+        expected = ratio * advantage - ppo_clip_surrogate(ratio, advantage, 0.2)
+        np.testing.assert_allclose(drift, expected, atol=1e-6)
+
+
+def test_make_drift_fn_rejects_unknown_and_missing_params():
+    with pytest.raises(ValueError, match="unknown objective"):
+        plots.make_drift_fn("value_distance")
+    with pytest.raises(ValueError, match="policy meta-parameters"):
+        plots.make_drift_fn("lpo")
+
+
+def test_plot_drift_lpo(lpo_params):
+    drift_fn = plots.make_drift_fn("lpo", lpo_params)
+    fig = plots.plot_drift(drift_fn, num_points=41)
+    assert_labelled(fig)
+    heatmap, plus, minus = content_axes(fig)
+    assert len(colorbars(fig)) == 1 and colorbars(fig)[0].get_ylabel()
+    assert heatmap.get_ylabel() == "advantage A"
+    assert heatmap.get_xscale() == "log"
+    array = heatmap.collections[0].get_array()
+    assert np.all(np.asarray(array) >= 0)
+    for ax in (plus, minus):
+        texts = legend_texts(ax)
+        assert any(t.startswith("learned LPO") for t in texts)
+        assert any(t.startswith("PPO clip") for t in texts)
+        assert any(t.startswith("DPO") for t in texts)
+    assert "A = +1" in plus.get_title() and "A = -1" in minus.get_title()
+    # every drift vanishes at r = 1
+    for line in plus.lines + minus.lines:
+        r, d = line.get_data()
+        if len(r) > 2:
+            assert d[np.argmin(np.abs(r - 1.0))] == pytest.approx(0.0, abs=1e-6)
+
+
+def test_plot_drift_ta_lpo_at_a_progress(ta_lpo_params):
+    drift_fn = plots.make_drift_fn("ta_lpo", ta_lpo_params["policy"])
+    early = plots.plot_drift(drift_fn, progress=0.0, num_points=31, log_ratio=False)
+    late = plots.plot_drift(drift_fn, progress=1.0, num_points=31, log_ratio=False)
+    assert "progress 1" in late.get_suptitle()
+    grid_early = np.asarray(content_axes(early)[0].collections[0].get_array())
+    grid_late = np.asarray(content_axes(late)[0].collections[0].get_array())
+    assert not np.allclose(grid_early, grid_late)
+
+
+def test_plot_drift_dpo_alone():
+    fig = plots.plot_drift(dpo.drift, num_points=31, slice_advantages=(1.0,))
+    assert_labelled(fig)
+    heatmap, plus = content_axes(fig)
+    assert heatmap.get_title().startswith("DPO")
+    texts = legend_texts(plus)
+    assert sum(t.startswith("DPO") for t in texts) == 1  # not compared with itself
+    assert any(t.startswith("PPO clip") for t in texts)
+
+
+def test_plot_temporal_drift(ta_lpo_params):
+    drift_fn = plots.make_drift_fn("ta_lpo", ta_lpo_params)
+    progresses = (0.0, 0.5, 1.0)
+    fig = plots.plot_temporal_drift(drift_fn, progresses, num_points=31)
+    assert_labelled(fig)
+    axes = content_axes(fig)
+    maps, slices = axes[:3], axes[3:]
+    assert [ax.get_title() for ax in maps] == [f"progress p = {p:g}" for p in progresses]
+    assert len(colorbars(fig)) == 1  # one shared colour scale
+    norms = {(m.collections[0].norm.vmin, m.collections[0].norm.vmax) for m in maps}
+    assert len(norms) == 1
+    for ax in slices:
+        texts = legend_texts(ax)
+        assert [t for t in texts if t.startswith("p = ")] == ["p = 0", "p = 0.5", "p = 1"]
+        assert ax.get_ylabel()
+
+
+def test_plot_temporal_drift_needs_progress():
+    with pytest.raises(ValueError, match="progress"):
+        plots.plot_temporal_drift(dpo.drift)
+
+
+# --------------------------------------------------------------------------------------
+# fitness and learning curves
+
+
+def test_plot_fitness_from_metrics_lines():
+    history = [
+        {"generation": 1, "fitness": [10.0, 12.0, 14.0, 16.0], "valid": [True] * 4,
+         "best_fitness_so_far": 16.0},
+        {"generation": 2, "fitness": [11.0, float("nan"), 20.0, 15.0],
+         "valid": [True, False, True, True], "best_fitness_so_far": 20.0},
+        {"generation": 3, "fitness": [18.0, 19.0, 21.0, 22.0], "valid": [True] * 4,
+         "best_fitness_so_far": 22.0},
+    ]
+    fig = plots.plot_fitness(history)
+    assert_labelled(fig)
+    (ax,) = content_axes(fig)
+    assert ax.get_ylabel().startswith("fitness")
+    texts = legend_texts(ax)
+    assert "mean fitness" in texts and "best of generation" in texts
+    assert any("min–max" in t for t in texts)
+    assert any("1 invalid" in t for t in texts)
+    np.testing.assert_allclose(line(ax, "mean fitness").get_ydata(), [13.0, 46.0 / 3.0, 20.0])
+    np.testing.assert_allclose(line(ax, "best of generation").get_ydata(), [16.0, 20.0, 22.0])
+
+
+def test_plot_fitness_rejects_empty_history():
+    with pytest.raises(ValueError, match="empty"):
+        plots.plot_fitness([])
+
+
+def synthetic_report(env_ids=("CartPole-v1", "Acrobot-v1"), seeds=3, updates=6):
+    rng = np.random.default_rng(0)
+    results = []
+    for env_id in env_ids:
+        for objective in ("evolved", "ppo", "l2"):
+            curves = np.cumsum(rng.normal(1.0, 1.0, (seeds, updates)), axis=1).tolist()
+            curves[0][0] = None  # no episode finished yet in that update
+            results.append({"objective": objective, "env_id": env_id, "returns": [0.0] * seeds,
+                            "mean": 0.0, "ci_low": 0.0, "ci_high": 0.0, "invalid": 0,
+                            "curves": curves})
+    return {"objective": "value_distance", "meta_params": "mean", "metric": "mean_return",
+            "seeds": seeds, "results": results}
+
+
+def test_plot_learning_curves_per_environment():
+    report = synthetic_report()
+    fig = plots.plot_learning_curves(report, steps_per_update={"CartPole-v1": 512,
+                                                               "Acrobot-v1": 256})
+    assert_labelled(fig)
+    axes = content_axes(fig)
+    assert [ax.get_title() for ax in axes] == ["CartPole-v1", "Acrobot-v1"]
+    for ax, scale in zip(axes, (512, 256), strict=True):
+        assert ax.get_xlabel() == "environment steps per agent"
+        assert ax.get_ylabel() == "episode return"
+        texts = legend_texts(ax)
+        assert any(t.startswith("evolved") for t in texts)
+        assert any(t.startswith("ppo") for t in texts) and any(t.startswith("l2") for t in texts)
+        assert any("95%" in t for t in texts)
+        x = ax.lines[0].get_xdata()
+        np.testing.assert_allclose(x, scale * np.arange(1, 7))
+        assert np.all(np.isfinite(ax.lines[0].get_ydata()))  # a missing value is skipped
+    evolved = report["results"][0]["curves"]
+    expected = np.nanmean(np.array(evolved, dtype=float), axis=0)
+    np.testing.assert_allclose(axes[0].lines[0].get_ydata(), expected)
+
+
+def test_plot_learning_curves_in_updates_without_steps(tmp_path):
+    path = tmp_path / "evaluation.json"
+    path.write_text(json.dumps(synthetic_report(env_ids=("CartPole-v1",))))
+    fig = plots.plot_learning_curves(path)
+    (ax,) = content_axes(fig)
+    assert ax.get_xlabel() == "update"
+
+
+# --------------------------------------------------------------------------------------
+# plot_run
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory) -> Path:
+    """One tiny value-distance run made with ``metarl evolve`` (which also calls plot_run)."""
+    run_dir = tmp_path_factory.mktemp("plots") / "run"
+    command = [sys.executable, "-m", "metarl.cli", "evolve", str(VALUE_DISTANCE_TOML),
+               "--run-dir", str(run_dir)]
+    for override in TINY_OVERRIDES:
+        command += ["--set", override]
+    env = {**os.environ, **jax_cache_env()}
+    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "plots:" in done.stdout  # the CLI drew the plots after evolving
+    return run_dir
+
+
+def test_plot_run_on_a_real_run(tiny_run):
+    paths = plots.plot_run(tiny_run)
+    assert [p.name for p in paths] == ["fitness.png", "value_distance.png"]
+    assert all(p.parent == tiny_run / "plots" and is_png(p) for p in paths)
+
+
+def test_plot_run_adds_learning_curves_with_an_evaluation(tiny_run, tmp_path):
+    run_dir = tmp_path / "run"
+    shutil.copytree(tiny_run, run_dir)
+    report = synthetic_report(env_ids=("CartPole-v1",), updates=4)
+    (run_dir / "evaluation.json").write_text(json.dumps(report))
+    paths = plots.plot_run(run_dir)
+    assert [p.name for p in paths] == ["fitness.png", "value_distance.png",
+                                       "learning_curves.png"]
+    assert all(is_png(p) for p in paths)
+
+
+def test_cli_plot_command(tiny_run, capsys):
+    from metarl.cli import main
+
+    assert main(["plot", str(tiny_run)]) == 0
+    printed = capsys.readouterr().out.split()
+    assert printed == [str(tiny_run / "plots" / n) for n in ("fitness.png", "value_distance.png")]
+
+
+def fake_run(run_dir: Path, objective: str) -> Path:
+    """A run directory written by hand (no training): config, metrics and meta-parameters."""
+    config = load_config(LPO_TOML, [f"objective.name={objective!r}",
+                                    "objective.options={ hidden_sizes = [8] }"])
+    run_dir.mkdir(parents=True)
+    (run_dir / "config.json").write_text(json.dumps(config.to_dict()))
+    lines = [{"generation": g, "fitness": [float(g), g + 1.0], "valid": [True, True],
+              "best_fitness_so_far": g + 1.0} for g in (1, 2)]
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    params = config.objective.build().init(jax.random.PRNGKey(7))
+    save_meta_params(run_dir / "mean_meta_params.msgpack", params)
+    save_meta_params(run_dir / "best_meta_params.msgpack",
+                     jax.tree.map(lambda x: 1.1 * x, params))
+    return run_dir
+
+
+@pytest.mark.parametrize("objective, expected", [
+    ("lpo", ["fitness.png", "drift_mean.png", "drift_best.png"]),
+    ("ta_lpo", ["fitness.png", "drift_mean.png", "temporal_drift_mean.png", "drift_best.png",
+                "temporal_drift_best.png"]),
+])
+def test_plot_run_drift_objectives(tmp_path, objective, expected):
+    run_dir = fake_run(tmp_path / objective, objective)
+    paths = plots.plot_run(run_dir)
+    assert [p.name for p in paths] == expected
+    assert all(is_png(p) for p in paths)
+
+
+def test_plot_run_missing_directory(tmp_path):
+    with pytest.raises(RunError, match="not found"):
+        plots.plot_run(tmp_path / "nowhere")
+
+
+def test_plot_run_not_a_run(tmp_path):
+    with pytest.raises(RunError, match="not a metarl run"):
+        plots.plot_run(tmp_path)
+
+
+def test_plot_run_without_metrics(tmp_path):
+    run_dir = fake_run(tmp_path / "run", "lpo")
+    (run_dir / "metrics.jsonl").unlink()
+    with pytest.raises(RunError, match="metrics"):
+        plots.plot_run(run_dir)
+
+
+def test_plot_run_with_foreign_meta_params(tmp_path):
+    run_dir = fake_run(tmp_path / "run", "lpo")
+    other = make_objective("value_distance", hidden_sizes=(4,)).init(jax.random.PRNGKey(0))
+    save_meta_params(run_dir / "mean_meta_params.msgpack", other)
+    with pytest.raises(RunError, match="meta-parameters"):
+        plots.plot_run(run_dir)
