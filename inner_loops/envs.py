@@ -83,7 +83,7 @@ def make_env(env_id: str) -> Env:
     return _cached_gymnax_env(env_id)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _cached_gymnax_env(env_id: str) -> Env:
     import gymnax
     from gymnax.environments import spaces
@@ -137,7 +137,7 @@ class BraxState(NamedTuple):
     steps: jax.Array  # [] steps taken in the current episode
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _cached_brax_env(env_id: str) -> Env:
     name = env_id[len(BRAX_PREFIX) :]
     if name not in _brax_names():

@@ -77,7 +77,10 @@ class ActorCritic(nn.Module):
 
 
 def sample_action(key, discrete: bool, logits_or_mean, log_std):
-    """Sample actions and their log-probabilities. Shapes: ``[..., A] -> ([...] or [..., A], [...])``."""
+    """Sample actions and their log-probabilities.
+
+    Shapes: ``[..., A] -> (action [...] (discrete) or [..., A] (continuous), log_prob [...])``.
+    """
     if discrete:
         action = jax.random.categorical(key, logits_or_mean)
     else:

@@ -21,12 +21,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import tomllib
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-import tomllib
 
 from inner_loops.ppo import PPOConfig
 
