@@ -1,4 +1,9 @@
-"""``metarl evolve | resume | evaluate | plot`` — the command line of the toolkit."""
+"""``metarl evolve | resume | evaluate | plot`` — the command line of the toolkit.
+
+For several processes (one per node), start ``python -m metarl.distributed evolve ...``: it
+initialises ``jax.distributed`` and then runs this same command line; only process 0 writes
+files and prints.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +11,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from metarl import distributed
 from metarl.checkpoint import CheckpointError
 from metarl.config import ConfigError, load_config
 from metarl.run import RunError
@@ -16,6 +22,8 @@ def _evolve(args) -> int:
 
     config = load_config(args.config, args.set)
     result = evolve(config, args.run_dir)
+    if not distributed.is_primary():
+        return 0
     last = result.history[-1]
     print(f"run directory: {result.run_dir}")
     print(f"generations: {last['generation']}  best fitness so far: "
@@ -29,6 +37,8 @@ def _resume(args) -> int:
     from metarl.run import resume
 
     result = resume(args.run_dir, args.generations)
+    if not distributed.is_primary():
+        return 0
     last = result.history[-1]
     print(f"run directory: {result.run_dir}")
     print(f"generations: {last['generation']}  best fitness so far: "

@@ -30,7 +30,8 @@ from jax.flatten_util import ravel_pytree
 from inner_loops.objective import ppo_objective
 from inner_loops.ppo import make_train
 from metarl.config import ConfigError, ESConfig, ExperimentConfig
-from metarl.fitness import combine_fitness, evaluate_candidates, run_return, run_is_valid
+from metarl.fitness import combine_fitness, evaluate_candidates, run_is_valid, run_return
+from metarl.sharding import population_mesh, put_replicated, replicate
 
 FITNESS_SHAPING_FNS = {
     "centered_rank": centered_rank_fitness_shaping_fn,
@@ -100,10 +101,21 @@ class EvolutionState:
 
 
 class Evolution:
-    """A meta-evolution experiment: static parts plus pure ``init`` / ``generation``."""
+    """A meta-evolution experiment: static parts plus pure ``init`` / ``generation``.
 
-    def __init__(self, config: ExperimentConfig):
+    ``mesh`` (a :class:`jax.sharding.Mesh`, e.g. :func:`metarl.sharding.population_mesh`)
+    shards each generation's ``C * S`` training runs over its devices; by default a mesh
+    over every visible device is built when ``config.run.shard`` is true, and none otherwise.
+    A one-device mesh is dropped, so that case runs the unsharded program unchanged.
+    """
+
+    def __init__(self, config: ExperimentConfig, mesh=None):
         self.config = config
+        if mesh is None and config.run.shard:
+            mesh = population_mesh()
+        if mesh is not None and mesh.devices.size == 1:
+            mesh = None  # one device: exactly the unsharded program
+        self.mesh = mesh
         self.objective = config.objective.build()
         self.template = self.objective.init(jax.random.PRNGKey(0))
         self.num_dims = ravel_pytree(self.template)[0].size
@@ -146,7 +158,10 @@ class Evolution:
             best_meta_params=mean,
             baselines=jnp.asarray(baselines, jnp.float32),
         )
-        return _strong(state)
+        state = _strong(state)
+        if self.mesh is not None:  # the placement every generation returns: compile once
+            state = put_replicated(state, self.mesh)
+        return state
 
     def mean_meta_params(self, state: EvolutionState):
         """The current centre of the search distribution, as objective meta-parameters."""
@@ -168,7 +183,8 @@ class Evolution:
                 keys = jax.random.split(env_key, num_candidates * num_seeds)
                 keys = keys.reshape(num_candidates, num_seeds, -1)
             env_returns, env_valid, _ = evaluate_candidates(
-                train, population, keys, inner.hyperparams(), cfg.fitness, cfg.run.chunk_size
+                train, population, keys, inner.hyperparams(), cfg.fitness, cfg.run.chunk_size,
+                self.mesh,
             )
             returns.append(env_returns)
             valid.append(env_valid)
@@ -199,6 +215,8 @@ class Evolution:
             "invalid_runs": jnp.sum(~valid),
             "best_fitness": state.best_fitness,
         }
+        if self.mesh is not None:  # every process of a multi-host run can read the results
+            state, metrics = replicate((state, metrics), self.mesh)
         return state, metrics
 
     def measure_baselines(self, key: jax.Array) -> jax.Array:

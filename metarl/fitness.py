@@ -9,8 +9,9 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from inner_loops.ppo import broadcast_to_population, train_population
+from inner_loops.ppo import broadcast_to_population
 from metarl.config import FitnessConfig
+from metarl.sharding import train_population
 
 
 def run_return(metrics: dict, config: FitnessConfig) -> jax.Array:
@@ -43,6 +44,7 @@ def evaluate_candidates(
     hypers,
     config: FitnessConfig,
     chunk_size: int = 0,
+    mesh=None,
 ) -> tuple[jax.Array, jax.Array, dict]:
     """Train every candidate on ``S`` seeds of one environment.
 
@@ -52,7 +54,9 @@ def evaluate_candidates(
         keys: ``[C, S, 2]`` PRNG keys, one per training run.
         hypers: :class:`~inner_loops.ppo.Hyperparams` of scalars (shared by all runs).
         config: fitness settings.
-        chunk_size: train at most this many runs at once (0: all).
+        chunk_size: train at most this many runs at once (0: all); per device when sharded.
+        mesh: a :class:`jax.sharding.Mesh` (:func:`metarl.sharding.population_mesh`) to shard
+            the ``C * S`` runs over; ``None`` (default) trains them on one device.
 
     Returns ``(returns [C, S], valid [C, S], metrics)`` where ``metrics`` holds the full
     per-update summaries ``[C, S, U]``.
@@ -62,7 +66,8 @@ def evaluate_candidates(
     flat_meta = jax.tree.map(lambda x: jnp.repeat(x, num_seeds, axis=0), meta_params)
     flat_keys = keys.reshape(runs, *keys.shape[2:])
     metrics = train_population(
-        train, flat_keys, flat_meta, broadcast_to_population(hypers, runs), chunk_size or None
+        train, flat_keys, flat_meta, broadcast_to_population(hypers, runs), chunk_size or None,
+        mesh,
     )
     metrics = jax.tree.map(lambda x: x.reshape(num_candidates, num_seeds, *x.shape[1:]), metrics)
     returns = run_return(metrics, config)

@@ -27,6 +27,7 @@ import numpy as np
 from flax import serialization
 from tqdm import tqdm
 
+from metarl import distributed
 from metarl.checkpoint import CheckpointError, RunCheckpointer
 from metarl.config import ExperimentConfig, config_from_dict, read_config_data
 from metarl.evolution import Evolution, EvolutionState
@@ -140,8 +141,9 @@ def _run_generations(evolution: Evolution, state: EvolutionState, run_dir: Path,
     config = evolution.config
     checkpointer = RunCheckpointer(run_dir, keep=config.run.keep_checkpoints)
     start = int(state.generation)
+    primary = distributed.is_primary()  # only process 0 writes files and shows progress
     bar = tqdm(total=until, initial=start, desc=config.name, unit="gen",
-               disable=not config.run.progress, dynamic_ncols=True)
+               disable=not (config.run.progress and primary), dynamic_ncols=True)
     total_steps = history[-1]["agent_steps"] if history else 0
     try:
         for generation in range(start + 1, until + 1):
@@ -152,9 +154,12 @@ def _run_generations(evolution: Evolution, state: EvolutionState, run_dir: Path,
             total_steps += evolution.agent_steps_per_generation
             line = _summary(generation, metrics, state, seconds, evolution, total_steps)
             history.append(line)
-            _write_metrics(run_dir, history)
-            save_meta_params(run_dir / BEST_FILE, state.best_meta_params)
-            save_meta_params(run_dir / MEAN_FILE, evolution.mean_meta_params(state))
+            mean = evolution.mean_meta_params(state)  # a JAX computation: every process
+            if primary:
+                _write_metrics(run_dir, history)
+                save_meta_params(run_dir / BEST_FILE, state.best_meta_params)
+                save_meta_params(run_dir / MEAN_FILE, mean)
+            # every process calls save: orbax synchronises them and process 0 writes
             if generation % config.run.checkpoint_every == 0 or generation == until:
                 meta = {"config": config.to_dict(), "history": history}
                 best_now = line["best_fitness"]
@@ -176,14 +181,19 @@ def _run_generations(evolution: Evolution, state: EvolutionState, run_dir: Path,
 def evolve(config: ExperimentConfig, run_dir: str | Path | None = None) -> RunResult:
     """Start a new run of ``config`` in ``run_dir`` (a fresh directory by default)."""
     run_dir = Path(run_dir) if run_dir is not None else new_run_dir(config)
-    if (run_dir / CONFIG_FILE).exists():
+    run_dir = Path(distributed.agree(str(run_dir)))  # process 0's clock names the directory
+    taken = (run_dir / CONFIG_FILE).exists()
+    distributed.barrier("metarl-evolve-checked")  # all have looked before process 0 writes
+    if taken:
         raise RunError(
             f"{run_dir} already holds a run; continue it with `metarl resume {run_dir}` "
             "or choose another directory"
         )
     evolution = Evolution(config)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    _atomic_write(run_dir / CONFIG_FILE, json.dumps(config.to_dict(), indent=2).encode())
+    if distributed.is_primary():
+        run_dir.mkdir(parents=True, exist_ok=True)
+        _atomic_write(run_dir / CONFIG_FILE, json.dumps(config.to_dict(), indent=2).encode())
+    distributed.barrier("metarl-evolve-created")
     baselines = None
     if config.fitness.normalize_by_baseline and not config.fitness.baseline_returns:
         baselines = evolution.measure_baselines(jax.random.PRNGKey(config.run.seed + 1))
@@ -222,7 +232,8 @@ def resume(run_dir: str | Path, generations: int | None = None) -> RunResult:
     if until < generation:
         raise RunError(f"generations: the run already has {generation} generations (> {until})")
     history = [line for line in meta["history"] if line["generation"] <= generation]
-    _write_metrics(run_dir, history)
+    if distributed.is_primary():
+        _write_metrics(run_dir, history)
     return _run_generations(evolution, state, run_dir, history, until)
 
 

@@ -1,0 +1,150 @@
+"""Subprocess of ``tests/test_sharding.py``: sharded vs single-device runs on fake CPU devices.
+
+JAX fixes the device count when it starts, so the test runs this script in a fresh process
+with ``XLA_FLAGS=--xla_force_host_platform_device_count=N`` and reads one JSON object from
+its stdout. The single-device references are computed here too (``mesh=None``: device 0
+only), under the same XLA flags, so the two sides differ only in sharding.
+
+Usage: ``python tests/_sharding_worker.py [PART ...] [--chunked]`` with parts ``plain``,
+``structure``, ``generation`` (the unsharded reference) and ``generation_sharded``; all
+by default.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import json
+import os
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from inner_loops import ppo
+from inner_loops.ppo import PPOConfig, broadcast_to_population, make_train
+from metarl import sharding
+from metarl.config import ESConfig, ExperimentConfig, FitnessConfig, RunConfig
+from metarl.evolution import Evolution
+
+TINY = PPOConfig(num_envs=2, num_steps=8, total_timesteps=64, hidden_sizes=(8,),
+                 update_epochs=1, num_minibatches=1)
+PLAIN_AGENTS = 6  # not a multiple of 4 devices: exercises padding
+GENERATIONS = 2
+
+
+def experiment(shard: bool) -> ExperimentConfig:
+    """6 candidates × 3 seeds = 18 runs per generation (padded to 20 on 4 devices)."""
+    return ExperimentConfig(
+        name="sharding-test",
+        inner=(TINY.replace(num_steps=16, total_timesteps=128),),
+        es=ESConfig(population_size=6, generations=GENERATIONS),
+        fitness=FitnessConfig(seeds_per_candidate=3, common_seeds=False),
+        run=RunConfig(shard=shard, chunk_size=1, progress=False),
+    )
+
+
+def listed(tree):
+    return jax.tree.map(lambda x: np.asarray(jax.device_get(x), np.float64).tolist(), tree)
+
+
+def plain() -> dict:
+    """``train_population`` of 6 agents, unsharded and sharded (``--chunked``: also chunked).
+
+    Sharded chunking is checked numerically by the generations (``chunk_size=1``) and
+    structurally by :func:`structure`, so the test skips the chunked compilation here.
+    """
+    train = make_train(TINY)
+    keys = jax.random.split(jax.random.PRNGKey(3), PLAIN_AGENTS)
+    hypers = broadcast_to_population(TINY.hyperparams(), PLAIN_AGENTS)
+    mesh = sharding.population_mesh()
+    results, seconds = {}, {}
+    runs = {
+        "reference": lambda k, h: ppo.train_population(train, k, None, h),
+        "sharded": lambda k, h: sharding.train_population(train, k, None, h, mesh=mesh),
+    }
+    if "--chunked" in sys.argv:
+        runs["sharded_chunked"] = lambda k, h: sharding.train_population(train, k, None, h, 1,
+                                                                         mesh)
+    for name, fn in runs.items():
+        started = time.perf_counter()
+        metrics = jax.block_until_ready(jax.jit(fn)(keys, hypers))
+        seconds[name] = time.perf_counter() - started
+        results[name] = {
+            "metrics": listed(metrics),
+            "sharding": str(metrics["episode_return"].sharding),
+        }
+    return {"results": results, "seconds": seconds}
+
+
+def structure() -> dict:
+    """What each device runs when 64 agents are sharded over 4 devices in chunks of 4.
+
+    Traced only (no compilation): the shard_map body sees 16 agents and walks them in a
+    scan of 4 chunks, so a device never holds more than 4 agents' buffers at once.
+    """
+    train = make_train(TINY)
+    keys = jax.random.split(jax.random.PRNGKey(0), 64)
+    mesh = sharding.population_mesh()
+    jaxpr = jax.make_jaxpr(lambda k: sharding.train_population(train, k, chunk_size=4,
+                                                               mesh=mesh))(keys).jaxpr
+    [shard_eqn] = [e for e in jaxpr.eqns if e.primitive.name == "shard_map"]
+    body = shard_eqn.params["jaxpr"]
+    scans = [e for e in body.eqns if e.primitive.name == "scan"]
+    vmapped = [e for e in body.eqns if e.primitive.name != "scan"]
+    return {
+        "local_agents": int(body.invars[0].aval.shape[0]),
+        "scan_lengths": [int(e.params["length"]) for e in scans],
+        "chunk_batch": [int(e.params["jaxpr"].jaxpr.invars[0].aval.shape[0]) for e in scans],
+        "other_primitives": sorted({e.primitive.name for e in vmapped}),
+        "output_spec": str(shard_eqn.params["out_specs"]),
+    }
+
+
+def run_generations(shard: bool) -> dict:
+    evolution = Evolution(experiment(shard))
+    state = evolution.init()
+    fitness, seconds = [], []
+    for _ in range(GENERATIONS):
+        started = time.perf_counter()
+        state, metrics = evolution.step(state)
+        jax.block_until_ready(state)
+        seconds.append(time.perf_counter() - started)
+        fitness.append(np.asarray(metrics["fitness"], np.float64).tolist())
+    mean = jnp.concatenate([jnp.ravel(x) for x in
+                            jax.tree.leaves(evolution.mean_meta_params(state))])
+    return {
+        "fitness": fitness,
+        "mean": np.asarray(mean, np.float64).tolist(),
+        "best_fitness": float(state.best_fitness),
+        "cache_size": evolution.step._cache_size(),
+        "mesh_devices": sharding.num_shards(evolution.mesh),
+        "seconds": seconds,
+        "sharding": str(metrics["fitness"].sharding),
+    }
+
+
+def generation_reference() -> dict:
+    return {"reference": run_generations(False)}
+
+
+def generation_sharded() -> dict:
+    return {"sharded": run_generations(True)}
+
+
+def main(parts: list[str]) -> None:
+    # A hang prints every thread's stack and exits, so the test fails with a reason.
+    faulthandler.dump_traceback_later(float(os.environ.get("WORKER_WATCHDOG", "250")),
+                                      exit=True)
+    out = {"devices": jax.device_count(), "platform": jax.devices()[0].platform}
+    tasks = {"plain": plain, "structure": structure, "generation": generation_reference,
+             "generation_sharded": generation_sharded}
+    for part in [p for p in parts if not p.startswith("--")] or list(tasks):
+        name = "generation" if part.startswith("generation") else part
+        out.setdefault(name, {}).update(tasks[part]())
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,195 @@
+"""Sharding populations over devices (:mod:`metarl.sharding`).
+
+The device count is fixed when JAX starts, so the multi-device checks run
+``tests/_sharding_worker.py`` in fresh processes with four fake CPU devices and compare the
+sharded results with single-device runs made in the same process. Both workers start at
+once (module fixture) so their compilations overlap. They compile at XLA's lowest backend
+optimisation level (the same for both sides of every comparison) to keep the suite fast;
+sharding does not depend on it.
+
+The in-process tests here run on this process's single device and compile nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from inner_loops.ppo import PPOConfig
+from metarl import sharding
+from metarl.config import ConfigError, ExperimentConfig, RunConfig, config_from_dict
+from metarl.evolution import Evolution
+
+WORKER = Path(__file__).with_name("_sharding_worker.py")
+DEVICES = 4
+TIMEOUT = 280  # seconds for both workers; a hang fails the test instead of freezing the suite
+TINY = PPOConfig(num_envs=2, num_steps=8, total_timesteps=64, hidden_sizes=(8,),
+                 update_epochs=1, num_minibatches=1)
+
+
+def worker_env(devices: int) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("METARL_")}
+    env["XLA_FLAGS"] = (f"--xla_force_host_platform_device_count={devices} "
+                        "--xla_backend_optimization_level=0")
+    env["JAX_PLATFORMS"] = "cpu"
+    return env
+
+
+def start(parts: list[str], logs: Path, name: str) -> subprocess.Popen:
+    """Start a worker whose output goes to files (a full pipe would block it mid-run)."""
+    out = open(logs / f"{name}.out", "w")  # noqa: SIM115 - closed when the process ends
+    err = open(logs / f"{name}.err", "w")  # noqa: SIM115
+    process = subprocess.Popen([sys.executable, str(WORKER), *parts], env=worker_env(DEVICES),
+                               cwd=WORKER.parent, stdout=out, stderr=err)
+    process.logs = (out, err)
+    return process
+
+
+@pytest.fixture(scope="module")
+def worker(tmp_path_factory):
+    """Results of both worker processes (started together, read when first needed)."""
+    logs = tmp_path_factory.mktemp("sharding")
+    # two processes of about equal work: 2 small + 1 large compilations vs 1 large
+    processes = {"a": start(["plain", "generation"], logs, "a"),
+                 "b": start(["generation_sharded", "structure"], logs, "b")}
+    deadline = time.monotonic() + TIMEOUT
+    results = {}
+    try:
+        for name, process in processes.items():
+            try:
+                process.wait(timeout=max(1.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+            if process.returncode != 0:
+                pytest.fail(f"sharding worker ({name}) failed ({process.returncode}); stderr "
+                            f"tail:\n{(logs / f'{name}.err').read_text()[-3000:]}")
+            output = json.loads((logs / f"{name}.out").read_text().splitlines()[-1])
+            # each process ran one side of the generation comparison
+            results.setdefault("generation", {}).update(output.pop("generation", {}))
+            results.update(output)
+    finally:
+        for process in processes.values():
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+            for log in process.logs:
+                log.close()
+    assert results["devices"] == DEVICES and results["platform"] == "cpu"
+    return results
+
+
+def assert_same_metrics(reference: dict, other: dict, exact: bool) -> None:
+    assert reference.keys() == other.keys()
+    for name in reference:
+        a, b = np.asarray(reference[name]), np.asarray(other[name])
+        assert a.shape == b.shape == (6, TINY.num_updates), name
+        if exact:
+            np.testing.assert_array_equal(a, b, err_msg=name)
+        else:
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5, err_msg=name)
+
+
+@pytest.mark.timeout(600)
+def test_sharded_population_equals_single_device(worker):
+    results = worker["plain"]["results"]
+    reference = results["reference"]["metrics"]
+    # 6 agents on 4 devices: padded to 8, the 2 copies dropped; bit-identical per agent.
+    assert_same_metrics(reference, results["sharded"]["metrics"], exact=True)
+    assert "'population': 4" in results["sharded"]["sharding"]
+    assert "spec=P()" in results["sharded"]["sharding"]  # replicated: every device has it
+    if "sharded_chunked" in results:  # worker run with --chunked
+        # Chunks of 1 per device change only how XLA batches the arithmetic.
+        assert_same_metrics(reference, results["sharded_chunked"]["metrics"], exact=False)
+
+
+@pytest.mark.timeout(600)
+def test_each_device_trains_its_share_in_chunks(worker):
+    structure = worker["structure"]
+    assert structure["local_agents"] == 64 // DEVICES
+    assert structure["scan_lengths"] == [16 // 4]  # 4 chunks, one after another
+    assert structure["chunk_batch"] == [4]  # of 4 agents each
+    assert "population" in structure["output_spec"]
+
+
+@pytest.mark.timeout(600)
+def test_sharded_generation_equals_single_device_and_compiles_once(worker):
+    reference, sharded = worker["generation"]["reference"], worker["generation"]["sharded"]
+    assert reference["mesh_devices"] == 1 and sharded["mesh_devices"] == DEVICES
+    np.testing.assert_allclose(sharded["fitness"], reference["fitness"], rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(sharded["mean"], reference["mean"], rtol=1e-5, atol=1e-6)
+    assert sharded["best_fitness"] == pytest.approx(reference["best_fitness"], rel=1e-6)
+    assert np.ptp(reference["fitness"][0]) > 0  # candidates differ, so ranks are tested
+    assert reference["cache_size"] == 1 and sharded["cache_size"] == 1
+    assert "spec=P()" in sharded["sharding"]
+
+
+def test_one_device_mesh_takes_the_unsharded_path(monkeypatch):
+    calls = []
+
+    def unsharded(*args):
+        calls.append(args)
+        return "unsharded"
+
+    monkeypatch.setattr(sharding.ppo, "train_population", unsharded)
+    keys = jnp.zeros((3, 2), jnp.uint32)
+    for mesh in (None, sharding.population_mesh(1)):
+        for chunk in (None, 0, 2):
+            assert sharding.train_population("train", keys, "meta", "hypers", chunk,
+                                             mesh) == "unsharded"
+    assert calls == [("train", keys, "meta", "hypers", c) for c in (None, None, 2)] * 2
+
+
+def test_population_mesh_and_padding():
+    mesh = sharding.population_mesh()
+    assert mesh.axis_names == (sharding.POPULATION_AXIS,)
+    assert sharding.num_shards(mesh) == jax.device_count()
+    assert sharding.num_shards(None) == 1
+    with pytest.raises(ValueError, match="devices"):
+        sharding.population_mesh(jax.device_count() + 1)
+    assert [sharding.padded_size(n, 4) for n in (1, 4, 6, 8, 9)] == [4, 4, 8, 8, 12]
+    tree = {"a": jnp.arange(6).reshape(3, 2), "b": jnp.arange(3)}
+    padded = sharding.pad_population(tree, 5)
+    np.testing.assert_array_equal(padded["a"], [[0, 1], [2, 3], [4, 5], [4, 5], [4, 5]])
+    np.testing.assert_array_equal(padded["b"], [0, 1, 2, 2, 2])
+    with pytest.raises(ValueError):
+        sharding.pad_population(tree, 2)
+    for bad in (-1, 1.5):
+        with pytest.raises(ValueError, match="chunk_size"):
+            sharding.train_population(None, jnp.zeros((2, 2)), chunk_size=bad)
+
+
+def test_put_replicated_keeps_values():
+    mesh = sharding.population_mesh()
+    tree = {"x": jnp.arange(3.0), "k": jax.random.PRNGKey(1), "typed": jax.random.key(2)}
+    placed = sharding.put_replicated(tree, mesh)
+    for name in ("x", "k"):
+        assert placed[name].sharding == sharding.replicated(mesh)
+        np.testing.assert_array_equal(placed[name], tree[name])
+    np.testing.assert_array_equal(jax.random.key_data(placed["typed"]),
+                                  jax.random.key_data(tree["typed"]))
+    assert sharding.put_replicated(placed, mesh)["x"] is placed["x"]
+
+
+def test_run_config_shard_field():
+    assert RunConfig().shard is False
+    assert config_from_dict({"run": {"shard": True}}).run.shard is True
+    with pytest.raises(ConfigError, match="run.shard"):
+        config_from_dict({"run": {"shard": "yes"}})
+    with pytest.raises(ConfigError, match="run.shard"):
+        RunConfig(shard=1)
+    config = ExperimentConfig(inner=(TINY,))
+    assert Evolution(config).mesh is None  # default: the unsharded single-device path
+    sharded = Evolution(ExperimentConfig(inner=(TINY,), run=RunConfig(shard=True)))
+    assert sharding.num_shards(sharded.mesh) == jax.device_count()
+    if jax.device_count() == 1:
+        assert sharded.mesh is None  # one device: the unsharded program, unchanged
