@@ -1,0 +1,94 @@
+"""Shared test fixtures and a count of XLA compilations (the process-wide settings, such as
+the persistent compilation cache, live in the root ``conftest.py``).
+
+On the CPU compilation dominates the cost of this suite (a PPO ``train`` compiles in seconds
+and then runs in milliseconds), so every backend compilation is recorded through
+``jax.monitoring`` and summarised at the end of the run: how many, how long in total, and
+which tests paid the most. Tests can use the :func:`compilations` fixture to assert that
+something does *not* recompile (e.g. new hyperparameter values are traced, not static).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import jax
+import pytest
+
+# The event jax records around every backend (XLA) compilation, and the one recording what
+# a hit in the persistent compilation cache (switched on by the root conftest.py) saved.
+BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+CACHE_SAVED_EVENT = "/jax/compilation_cache/compile_time_saved_sec"
+
+
+@dataclass
+class CompileLog:
+    """Every backend compilation of this session: ``(test id, function name, seconds)``."""
+
+    events: list[tuple[str, str, float]] = field(default_factory=list)
+    saved_seconds: float = 0.0
+    cache_hits: int = 0
+    current_test: str = "<collection>"
+
+    def record(self, event: str, duration: float, **kwargs) -> None:
+        if event == BACKEND_COMPILE_EVENT:
+            self.events.append((self.current_test, str(kwargs.get("fun_name", "?")), duration))
+        elif event == CACHE_SAVED_EVENT:
+            self.cache_hits += 1
+            self.saved_seconds += duration
+
+    def count(self) -> int:
+        return len(self.events)
+
+
+_LOG = CompileLog()
+jax.monitoring.register_event_duration_secs_listener(_LOG.record)
+
+
+@pytest.fixture(scope="session")
+def compilations() -> CompileLog:
+    """The session's :class:`CompileLog`; compare ``count()`` before and after a call."""
+    return _LOG
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    _LOG.current_test = item.nodeid
+    try:
+        return (yield)
+    finally:
+        _LOG.current_test = "<fixtures>"
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item):
+    _LOG.current_test = item.nodeid + " (setup)"
+    try:
+        return (yield)
+    finally:
+        _LOG.current_test = "<fixtures>"
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not _LOG.events:
+        return
+    per_test: dict[str, list[float]] = defaultdict(list)
+    for test, _, seconds in _LOG.events:
+        per_test[test].append(seconds)
+    total = sum(s for _, _, s in _LOG.events)
+    terminalreporter.section("XLA compilations")
+    terminalreporter.write_line(
+        f"{len(_LOG.events)} backend compilations, {total:.1f} s in total "
+        f"({_LOG.cache_hits} persistent-cache hits saved {_LOG.saved_seconds:.1f} s); "
+        "costliest tests:"
+    )
+    ranked = sorted(per_test.items(), key=lambda kv: -sum(kv[1]))
+    for test, seconds in ranked[:8]:
+        terminalreporter.write_line(f"{sum(seconds):7.1f} s {len(seconds):4d} x  {test}")
+
+
+@pytest.fixture(scope="session")
+def key() -> jax.Array:
+    """A fixed PRNG key; tests split it rather than invent seeds."""
+    return jax.random.PRNGKey(0)
