@@ -171,3 +171,26 @@ def test_real_training_that_turns_nan_is_invalid_not_fatal():
     assert valid.sum() == 2, valid
     assert np.all(np.isfinite(np.asarray(metrics["fitness"])))
     assert np.all(np.isfinite(np.asarray(state.es_state.mean)))
+
+
+def test_fitness_is_normalised_by_measured_ppo_baselines(tmp_path):
+    from metarl.run import evolve
+
+    config = config_from_dict({
+        "objective": {"name": "value_distance", "options": {"hidden_sizes": [4]}},
+        "inner": {"env_id": "CartPole-v1", "num_envs": 2, "num_steps": 16,
+                  "total_timesteps": 128, "hidden_sizes": [8], "update_epochs": 1,
+                  "num_minibatches": 1},
+        "es": {"population_size": 2, "generations": 1},
+        "fitness": {"seeds_per_candidate": 2, "normalize_by_baseline": True,
+                    "baseline_seeds": 2},
+        "run": {"progress": False},
+    })
+    result = evolve(config, tmp_path / "run")
+    baseline = float(result.state.baselines[0])
+    assert baseline > 5.0  # CartPole episodes last at least ~9 steps under any policy
+    line = result.history[0]
+    raw_return = line["mean_return"]["CartPole-v1"]
+    # the value distance starts at L2, so candidates score about what PPO scores: ~1
+    assert line["mean_fitness"] == pytest.approx(raw_return / baseline, rel=1e-5)
+    assert 0.3 < line["mean_fitness"] < 3.0
