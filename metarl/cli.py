@@ -20,30 +20,24 @@ from metarl.run import RunError
 def _evolve(args) -> int:
     from metarl.run import evolve
 
-    config = load_config(args.config, args.set)
-    result = evolve(config, args.run_dir)
+    return _report(evolve(load_config(args.config, args.set), args.run_dir), args.no_plots)
+
+
+def _resume(args) -> int:
+    from metarl.run import resume
+
+    return _report(resume(args.run_dir, args.generations), args.no_plots)
+
+
+def _report(result, no_plots: bool) -> int:
+    """Summarise a finished run (and plot it) on the process that owns the files."""
     if not distributed.is_primary():
         return 0
     last = result.history[-1]
     print(f"run directory: {result.run_dir}")
     print(f"generations: {last['generation']}  best fitness so far: "
           f"{last['best_fitness_so_far']:.4g}  last mean fitness: {last['mean_fitness']:.4g}")
-    if not args.no_plots:
-        _plot_quietly(result.run_dir)
-    return 0
-
-
-def _resume(args) -> int:
-    from metarl.run import resume
-
-    result = resume(args.run_dir, args.generations)
-    if not distributed.is_primary():
-        return 0
-    last = result.history[-1]
-    print(f"run directory: {result.run_dir}")
-    print(f"generations: {last['generation']}  best fitness so far: "
-          f"{last['best_fitness_so_far']:.4g}")
-    if not args.no_plots:
+    if not no_plots:
         _plot_quietly(result.run_dir)
     return 0
 

@@ -219,13 +219,8 @@ def resume(run_dir: str | Path, generations: int | None = None) -> RunResult:
     checkpoint has been restored successfully.
     """
     run_dir = Path(run_dir)
-    config = read_run_config(run_dir)
-    evolution = Evolution(config)
-    checkpointer = RunCheckpointer(run_dir, keep=config.run.keep_checkpoints)
-    try:
-        generation, state, meta = checkpointer.restore(evolution.init())
-    finally:
-        checkpointer.close()
+    evolution, generation, state, meta = _restore_latest(run_dir)
+    config = evolution.config
     if generation != int(state.generation):
         raise CheckpointError(f"checkpoint {generation} holds generation {int(state.generation)}")
     until = generations if generations is not None else config.es.generations
@@ -240,14 +235,19 @@ def resume(run_dir: str | Path, generations: int | None = None) -> RunResult:
 def load_run(run_dir: str | Path) -> RunResult:
     """Read a run back (latest checkpoint, config and metrics) without running anything."""
     run_dir = Path(run_dir)
-    config = read_run_config(run_dir)
-    evolution = Evolution(config)
-    checkpointer = RunCheckpointer(run_dir, keep=config.run.keep_checkpoints)
+    evolution, _, state, meta = _restore_latest(run_dir)
+    return RunResult(run_dir, evolution.config, evolution, state, list(meta["history"]))
+
+
+def _restore_latest(run_dir: Path) -> tuple[Evolution, int, EvolutionState, dict[str, Any]]:
+    """Rebuild a run's :class:`Evolution` and restore its latest complete checkpoint."""
+    evolution = Evolution(read_run_config(run_dir))
+    checkpointer = RunCheckpointer(run_dir, keep=evolution.config.run.keep_checkpoints)
     try:
-        _, state, meta = checkpointer.restore(evolution.init())
+        generation, state, meta = checkpointer.restore(evolution.init())
     finally:
         checkpointer.close()
-    return RunResult(run_dir, config, evolution, state, list(meta["history"]))
+    return evolution, generation, state, meta
 
 
 def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
