@@ -486,7 +486,8 @@ def test_register_new_objective():
     assert name not in available_objectives()
 
 
-VARIANTS = [(name, {}) for name in available_objectives()] + [
+# the shipped objectives (other test modules register stand-ins of their own)
+VARIANTS = [(name, {}) for name in EXPECTED_NAMES] + [
     ("lpo", {"ppo_init": True, "hidden_sizes": (16, 16)}),
 ]
 
