@@ -72,7 +72,10 @@ class PPOConfig:
     max_grad_norm: float = 0.5
 
     def __post_init__(self):
-        object.__setattr__(self, "hidden_sizes", tuple(int(h) for h in self.hidden_sizes))
+        widths = tuple(self.hidden_sizes)
+        if not all(isinstance(h, int) and not isinstance(h, bool) for h in widths):
+            raise ValueError(f"hidden_sizes: widths must be integers, got {self.hidden_sizes}")
+        object.__setattr__(self, "hidden_sizes", widths)
         for name in ("num_envs", "num_steps", "total_timesteps", "update_epochs",
                      "num_minibatches"):
             value = getattr(self, name)
@@ -104,6 +107,9 @@ class PPOConfig:
         for name in ("learning_rate", "clip_eps", "max_grad_norm"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name}: must be positive, got {getattr(self, name)}")
+        for name in ("ent_coef", "vf_coef"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"{name}: must be >= 0, got {getattr(self, name)}")
         spec = make_env(self.env_id).spec  # raises ValueError naming env_id if unknown
         if spec.discrete and self.policy == "gaussian":
             raise ValueError(

@@ -43,6 +43,8 @@ def test_the_expected_experiments_ship():
         ({"inner": [{"env_id": "CartPole-v1"}, {"env_id": "CartPole-v1"}]}, "inner: environm"),
         ({"objective": {"name": "nope"}}, "objective: unknown objective 'nope'"),
         ({"run": {"chunk_size": -1}}, "run.chunk_size"),
+        ({"inner": {"vf_coef": -1.0}}, "inner.vf_coef: must be >= 0"),
+        ({"inner": {"hidden_sizes": [64.5]}}, "inner.hidden_sizes[0]: expected an integer"),
         ({"colour": "blue"}, "colour: unknown field"),
         ({"fitness": {"baseline_returns": [1.0, 2.0]}}, "fitness.baseline_returns: 2 values"),
     ],
