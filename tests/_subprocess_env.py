@@ -5,6 +5,9 @@ session; passing it on lets a child process reuse what the session already compi
 """
 
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 
 def jax_cache_env() -> dict[str, str]:
@@ -17,3 +20,18 @@ def jax_cache_env() -> dict[str, str]:
         # that was built on this very host; keep those lines out of the output.
         "TF_CPP_MIN_LOG_LEVEL": "3",
     }
+
+
+def start_worker(script: Path, args: list[str], env: dict[str, str], logs: Path,
+                 name: str) -> subprocess.Popen:
+    """Start ``python script *args`` with its output in ``logs/name.{out,err}`` files.
+
+    Files, not pipes: a worker that prints more than a pipe holds would block mid-run.
+    The files are closed with the process (``process.logs``).
+    """
+    out = open(logs / f"{name}.out", "w")  # noqa: SIM115 - closed when the process ends
+    err = open(logs / f"{name}.err", "w")  # noqa: SIM115
+    process = subprocess.Popen([sys.executable, str(script), *args], env=env,
+                               cwd=script.parent, stdout=out, stderr=err)
+    process.logs = (out, err)
+    return process

@@ -13,12 +13,12 @@ import json
 import os
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
+from _subprocess_env import start_worker
 
 from metarl import distributed
 
@@ -44,13 +44,7 @@ def env_for(devices: int, **extra: str) -> dict[str, str]:
 
 
 def start(args: list[str], env: dict[str, str], logs: Path, name: str) -> subprocess.Popen:
-    """Start a worker whose output goes to files (a full pipe would block it mid-run)."""
-    out = open(logs / f"{name}.out", "w")  # noqa: SIM115 - closed when the process ends
-    err = open(logs / f"{name}.err", "w")  # noqa: SIM115
-    process = subprocess.Popen([sys.executable, str(WORKER), *args], env=env,
-                               cwd=WORKER.parent, stdout=out, stderr=err)
-    process.logs = (out, err)
-    return process
+    return start_worker(WORKER, args, env, logs, name)
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -23,6 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _subprocess_env import start_worker
 
 from inner_loops.ppo import PPOConfig
 from metarl import sharding
@@ -45,13 +45,7 @@ def worker_env(devices: int) -> dict[str, str]:
 
 
 def start(parts: list[str], logs: Path, name: str) -> subprocess.Popen:
-    """Start a worker whose output goes to files (a full pipe would block it mid-run)."""
-    out = open(logs / f"{name}.out", "w")  # noqa: SIM115 - closed when the process ends
-    err = open(logs / f"{name}.err", "w")  # noqa: SIM115
-    process = subprocess.Popen([sys.executable, str(WORKER), *parts], env=worker_env(DEVICES),
-                               cwd=WORKER.parent, stdout=out, stderr=err)
-    process.logs = (out, err)
-    return process
+    return start_worker(WORKER, parts, worker_env(DEVICES), logs, name)
 
 
 @pytest.fixture(scope="module")
