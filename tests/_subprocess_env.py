@@ -35,3 +35,13 @@ def start_worker(script: Path, args: list[str], env: dict[str, str], logs: Path,
                                cwd=script.parent, stdout=out, stderr=err)
     process.logs = (out, err)
     return process
+
+
+def stop_workers(processes: dict[str, subprocess.Popen]) -> None:
+    """Kill any worker still running and close every worker's log files."""
+    for process in processes.values():
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        for log in process.logs:
+            log.close()

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from _subprocess_env import start_worker
+from _subprocess_env import start_worker, stop_workers
 
 from metarl import distributed
 
@@ -74,12 +74,7 @@ def runs(tmp_path_factory):
                 failures.append(f"{name} exited {process.returncode}")
                 break
     finally:
-        for process in processes.values():
-            if process.poll() is None:
-                process.kill()
-                process.wait()
-            for log in process.logs:
-                log.close()
+        stop_workers(processes)
     if failures:
         tails = "\n".join(f"--- {name} stderr:\n{(logs / f'{name}.err').read_text()[-2000:]}"
                           for name in processes)

@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from _subprocess_env import start_worker
+from _subprocess_env import start_worker, stop_workers
 
 from inner_loops.ppo import PPOConfig
 from metarl import sharding
@@ -72,12 +72,7 @@ def worker(tmp_path_factory):
             results.setdefault("generation", {}).update(output.pop("generation", {}))
             results.update(output)
     finally:
-        for process in processes.values():
-            if process.poll() is None:
-                process.kill()
-                process.wait()
-            for log in process.logs:
-                log.close()
+        stop_workers(processes)
     assert results["devices"] == DEVICES and results["platform"] == "cpu"
     return results
 
