@@ -4,12 +4,18 @@ Everything the PPO loop needs from an environment goes through :func:`make_env`,
 returns an :class:`Env` with the same pure interface for both libraries:
 
 - ``reset(key) -> (obs, state)``
-- ``step(key, state, action) -> (obs, state, reward, terminated, truncated, final_obs)``
+- ``step(key, state, action, fresh=None) -> (obs, state, reward, terminated, truncated,
+  final_obs)``
 
 Episodes reset automatically. ``final_obs`` is the observation reached by the step, before
 any reset, so value targets can bootstrap from it on truncation (time limit) but not on
-termination. :func:`make_vec_env` batches ``num_envs`` copies and optionally keeps running
-observation and reward normalisation statistics (for continuous control).
+termination. ``fresh`` is the ``(obs, state)`` an ending episode is replaced by; without it
+the step draws one with ``reset``. Drawing the fresh starts of a whole rollout up front
+(:meth:`VecEnv.presample`) takes every random draw of the adapter out of the per-step loop,
+which matters on the CPU, where XLA runs each threefry draw as a small loop of its own.
+
+:func:`make_vec_env` batches ``num_envs`` copies and optionally keeps running observation
+and reward normalisation statistics (for continuous control).
 
 Environment ids: any gymnax id (``CartPole-v1``, ``Breakout-MinAtar``, ...) or
 ``brax/<name>`` for brax (``brax/ant``, ``brax/hopper``, ``brax/halfcheetah``, ...).
@@ -87,6 +93,7 @@ def make_env(env_id: str) -> Env:
 def _cached_gymnax_env(env_id: str) -> Env:
     import gymnax
     from gymnax.environments import spaces
+    from gymnax.environments.environment import Environment
 
     if env_id not in gymnax.registered_envs:
         raise ValueError(
@@ -111,25 +118,43 @@ def _cached_gymnax_env(env_id: str) -> Env:
             tuple(float(x) for x in high.reshape(-1)),
         )
     scalar_action = not spec.discrete and tuple(action_space.shape) == ()
+    # An env that overrides gymnax's auto-resetting ``step`` (bsuite's DeepSea carries
+    # statistics across episodes) keeps it; it draws its own resets from ``key``.
+    own_step = type(env).step is not Environment.step
 
     def reset(key):
         obs, state = env.reset(key, params)
         return obs.astype(jnp.float32), state
 
-    def step(key, state, action):
+    def step(key, state, action, fresh=None):
         if scalar_action:
             action = action[0]
-        obs, state, reward, terminated, truncated, info = env.step(key, state, action, params)
-        return (
-            obs.astype(jnp.float32),
-            state,
-            reward.astype(jnp.float32),
-            terminated.astype(jnp.bool_),
-            jnp.logical_and(truncated, jnp.logical_not(terminated)),
-            info["final_observation"].astype(jnp.float32),
-        )
+        if own_step:
+            obs, state, reward, terminated, truncated, info = env.step(key, state, action, params)
+            return (obs.astype(jnp.float32), state, reward.astype(jnp.float32),
+                    terminated.astype(jnp.bool_),
+                    jnp.logical_and(truncated, jnp.logical_not(terminated)),
+                    info["final_observation"].astype(jnp.float32))
+        if fresh is None:
+            key, reset_key = jax.random.split(key)
+            fresh = reset(reset_key)
+        # gymnax's own ``env.step`` draws the reset inside; stepping without it lets the
+        # caller supply a presampled one. The time limit is gymnax's ``is_truncated``.
+        final_obs, next_state, reward, terminated, _ = env.step_env(key, state, action, params)
+        terminated = terminated.astype(jnp.bool_)
+        truncated = jnp.logical_and(env.is_truncated(next_state, params),
+                                    jnp.logical_not(terminated))
+        final_obs = final_obs.astype(jnp.float32)
+        obs, state = _select_reset(jnp.logical_or(terminated, truncated), fresh,
+                                   (final_obs, next_state))
+        return obs, state, reward.astype(jnp.float32), terminated, truncated, final_obs
 
     return Env(spec, reset, step)
+
+
+def _select_reset(done: jax.Array, fresh: Any, continued: Any) -> Any:
+    """``fresh`` where the episode ended (``done``, a scalar), else ``continued``."""
+    return jax.tree.map(lambda a, b: jnp.where(done, a, b), fresh, continued)
 
 
 class BraxState(NamedTuple):
@@ -157,25 +182,17 @@ def _cached_brax_env(env_id: str) -> Env:
         env_state = env.reset(key)
         return env_state.obs, BraxState(env_state, jnp.zeros((), jnp.int32))
 
-    def step(key, state, action):
+    def step(key, state, action, fresh=None):
+        if fresh is None:
+            fresh = reset(key)
         next_state = env.step(state.env_state, action)
         steps = state.steps + 1
         terminated = next_state.done > 0.5
         truncated = jnp.logical_and(steps >= BRAX_EPISODE_LENGTH, jnp.logical_not(terminated))
         done = jnp.logical_or(terminated, truncated)
-        reset_state = env.reset(key)
-        env_state = jax.tree.map(
-            lambda fresh, cont: jnp.where(done, fresh, cont), reset_state, next_state
-        )
-        steps = jnp.where(done, 0, steps)
-        return (
-            env_state.obs,
-            BraxState(env_state, steps),
-            next_state.reward,
-            terminated,
-            truncated,
-            next_state.obs,
-        )
+        obs, state = _select_reset(done, fresh,
+                                   (next_state.obs, BraxState(next_state, steps)))
+        return obs, state, next_state.reward, terminated, truncated, next_state.obs
 
     return Env(spec, reset, step)
 
@@ -213,6 +230,16 @@ class VecEnvState:
     obs_stats: RunningStats
     return_stats: RunningStats
     discounted_return: jax.Array  # [N]
+
+
+class EnvNoise(NamedTuple):
+    """Every random draw of ``num_envs`` environments for one step (``[N, ...]`` each), or
+    for a whole rollout (``[T, N, ...]``): the keys their dynamics may use and the fresh
+    episode starts that replace the episodes that end."""
+
+    keys: jax.Array
+    fresh_obs: jax.Array
+    fresh_state: Any
 
 
 @dataclass(frozen=True)
@@ -255,17 +282,36 @@ class VecEnv:
     def _normalise(stats: RunningStats, obs: jax.Array) -> jax.Array:
         return jnp.clip((obs - stats.mean) / jnp.sqrt(stats.var + 1e-8), -10.0, 10.0)
 
-    def step(self, key, state: VecEnvState, actions: jax.Array, gamma: jax.Array):
+    def presample(self, key: jax.Array, num_steps: int) -> EnvNoise:
+        """All random draws for ``num_steps`` steps of every copy: :class:`EnvNoise` of
+        ``[num_steps, N, ...]`` arrays, computed in one batch (feed slice ``t`` to
+        :meth:`step` at step ``t``)."""
+        step_key, reset_key = jax.random.split(key)
+        shape = (num_steps, self.num_envs)
+        fresh_obs, fresh_state = jax.vmap(jax.vmap(self.env.reset))(
+            jax.random.split(reset_key, shape)
+        )
+        return EnvNoise(jax.random.split(step_key, shape), fresh_obs, fresh_state)
+
+    def step(self, key, state: VecEnvState, actions: jax.Array, gamma: jax.Array,
+             noise: EnvNoise | None = None):
         """Step all copies with ``actions [N, ...]``.
+
+        ``noise`` is one step's slice of :meth:`presample`; without it the random draws
+        are made here from ``key`` (which is then the only randomness used).
 
         Returns ``(obs [N, ...], state, reward [N], terminated [N], truncated [N],
         final_obs [N, ...], raw_reward [N])``; ``reward`` is normalised when asked,
         ``raw_reward`` never is (for logging episode returns).
         """
-        keys = jax.random.split(key, self.num_envs)
-        obs, env_state, raw_reward, terminated, truncated, final_obs = jax.vmap(self.env.step)(
-            keys, state.env_state, actions
-        )
+        if noise is None:
+            obs, env_state, raw_reward, terminated, truncated, final_obs = jax.vmap(
+                self.env.step
+            )(jax.random.split(key, self.num_envs), state.env_state, actions)
+        else:
+            obs, env_state, raw_reward, terminated, truncated, final_obs = jax.vmap(
+                self.env.step
+            )(noise.keys, state.env_state, actions, (noise.fresh_obs, noise.fresh_state))
         state = state.replace(env_state=env_state)
         if self.normalize_obs:
             state, obs = self._observe(state, obs)

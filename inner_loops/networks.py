@@ -76,17 +76,38 @@ class ActorCritic(nn.Module):
         return self.critic(self._flatten(obs))[..., 0]
 
 
+def action_noise(key, discrete: bool, shape: tuple[int, ...]) -> jax.Array:
+    """The noise :func:`action_from_noise` turns into actions, for logits or means of
+    ``shape`` ``[..., A]``: standard Gumbel (discrete) or standard normal (continuous).
+
+    Drawing a whole rollout's noise at once keeps the random draws out of the step loop.
+    """
+    if discrete:
+        return jax.random.gumbel(key, shape)
+    return jax.random.normal(key, shape)
+
+
+def action_from_noise(noise, discrete: bool, logits_or_mean, log_std):
+    """Actions and their log-probabilities from :func:`action_noise`.
+
+    A categorical sample is the argmax of logits plus Gumbel noise (as in
+    :func:`jax.random.categorical`); a Gaussian one is ``mean + std * noise``.
+    Shapes: ``[..., A] -> (action [...] (discrete) or [..., A] (continuous), log_prob [...])``.
+    """
+    if discrete:
+        action = jnp.argmax(logits_or_mean + noise, axis=-1)
+    else:
+        action = logits_or_mean + jnp.exp(log_std) * noise
+    return action, log_prob(discrete, logits_or_mean, log_std, action)
+
+
 def sample_action(key, discrete: bool, logits_or_mean, log_std):
     """Sample actions and their log-probabilities.
 
     Shapes: ``[..., A] -> (action [...] (discrete) or [..., A] (continuous), log_prob [...])``.
     """
-    if discrete:
-        action = jax.random.categorical(key, logits_or_mean)
-    else:
-        noise = jax.random.normal(key, logits_or_mean.shape)
-        action = logits_or_mean + jnp.exp(log_std) * noise
-    return action, log_prob(discrete, logits_or_mean, log_std, action)
+    noise = action_noise(key, discrete, logits_or_mean.shape)
+    return action_from_noise(noise, discrete, logits_or_mean, log_std)
 
 
 def log_prob(discrete: bool, logits_or_mean, log_std, action) -> jax.Array:

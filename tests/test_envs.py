@@ -195,6 +195,62 @@ def test_brax_time_limit_is_truncation_with_final_obs(key):
     assert 0.0 < out["obs"][limit + 1][0] < out["final_obs"][limit - 1][0]
 
 
+# ----------------------------------------------------------- presampled resets
+
+
+@pytest.mark.parametrize("env_id", ["CartPole-v1", "brax/fast"])
+def test_step_with_a_given_fresh_start_equals_drawing_it(env_id, key):
+    """``step(key, ..., fresh)`` with ``fresh = reset(k)`` is the step that draws its own
+    reset from ``key``, whenever ``k`` is the key it would have drawn with."""
+    env = make_env(env_id)
+    action = jnp.int32(1) if env.spec.discrete else jnp.ones(env.spec.action_dim)
+
+    @jax.jit
+    def both(key):
+        _, state = env.reset(key)
+        implicit = env.step(key, state, action)
+        if env_id.startswith("brax/"):
+            step_key, reset_key = key, key  # brax dynamics are deterministic
+        else:
+            step_key, reset_key = jax.random.split(key)
+        explicit = env.step(step_key, state, action, env.reset(reset_key))
+        return implicit, explicit
+
+    implicit, explicit = jax.device_get(both(key))
+    for a, b in zip(jax.tree.leaves(implicit), jax.tree.leaves(explicit), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_vec_env_presampled_resets_start_the_next_episodes(key):
+    """With :meth:`VecEnv.presample`, an episode that ends at step ``t`` continues from the
+    presampled fresh observation of step ``t``; every other observation continues its
+    episode. Always pushing right ends CartPole episodes within a few dozen steps."""
+    num_envs, num_steps = 3, 80
+    vec_env = make_vec_env("CartPole-v1", num_envs)
+
+    @jax.jit
+    def run(key):
+        reset_key, noise_key = jax.random.split(key)
+        obs, state = vec_env.reset(reset_key)
+        noise = vec_env.presample(noise_key, num_steps)
+
+        def step(carry, step_noise):
+            state, obs = carry
+            actions = jnp.ones(num_envs, jnp.int32)
+            obs, state, reward, terminated, truncated, final_obs, raw = vec_env.step(
+                None, state, actions, jnp.float32(0.99), step_noise)
+            return (state, obs), (obs, final_obs, terminated | truncated)
+
+        _, out = jax.lax.scan(step, (state, obs), noise)
+        return out, noise
+
+    (obs, final_obs, done), noise = jax.device_get(run(key))
+    assert noise.fresh_obs.shape == (num_steps, num_envs, 4)
+    assert done.sum() >= num_envs
+    np.testing.assert_array_equal(obs[done], noise.fresh_obs[done])
+    np.testing.assert_array_equal(obs[~done], final_obs[~done])
+
+
 # --------------------------------------------------------------------- normalisation
 
 

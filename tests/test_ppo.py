@@ -26,7 +26,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from inner_loops import PPOConfig, compute_gae, make_train
+from inner_loops import PPOConfig, compute_gae, make_train, networks
+from inner_loops.ppo import shuffled_indices
 
 METRICS = {
     "episode_return", "episode_length", "episodes", "policy_loss", "value_loss", "entropy",
@@ -40,6 +41,55 @@ gae = jax.jit(compute_gae)
 # 1000-2000 steps; the untrained agents start there too). Measuring them inside the tests
 # would compile each environment once more, for numbers that do not change.
 RANDOM_RETURN = {"Acrobot-v1": -496.0, "SpaceInvaders-MinAtar": 3.8, "Pendulum-v1": -1246.0}
+
+
+# ------------------------------------------------------------------- random draws
+
+
+@pytest.mark.parametrize("n", [1, 2, 7, 512, 4096, 4097, 10_000])
+def test_shuffled_indices_is_a_permutation(n):
+    """Packed single-sort path (n <= 4096) and the jax.random.permutation path (n > 4096)."""
+    keys = jax.random.split(jax.random.PRNGKey(n), 3)
+    orders = np.asarray(jax.vmap(lambda k: shuffled_indices(k, n))(keys))
+    for order in orders:
+        np.testing.assert_array_equal(np.sort(order), np.arange(n))
+    if n >= 7:
+        assert not np.array_equal(orders[0], orders[1])  # different keys, different orders
+        assert not np.array_equal(orders[0], np.arange(n))
+
+
+def test_shuffled_indices_is_uniform():
+    """Over 8000 shuffles of 6 items each item lands in each position with probability 1/6:
+    a chi-square test of the 6 x 6 position counts (25 degrees of freedom; 52.6 is its
+    99.9% quantile)."""
+    n, samples = 6, 8000
+    orders = np.asarray(jax.jit(jax.vmap(lambda k: shuffled_indices(k, n)))(
+        jax.random.split(jax.random.PRNGKey(1), samples)))
+    counts = np.zeros((n, n))
+    np.add.at(counts, (orders, np.broadcast_to(np.arange(n), orders.shape)), 1)
+    expected = samples / n
+    chi2 = ((counts - expected) ** 2 / expected).sum()
+    assert chi2 < 52.6, counts
+
+
+def test_action_from_noise_samples_the_policy():
+    """Gumbel-argmax sampling matches the categorical probabilities, and Gaussian noise the
+    mean and std; log-probabilities are those of the sampled actions."""
+    key_d, key_c = jax.random.split(jax.random.PRNGKey(2))
+    logits = jnp.broadcast_to(jnp.log(jnp.array([0.1, 0.2, 0.7])), (20_000, 3))
+    noise = networks.action_noise(key_d, True, (20_000, 3))
+    action, log_prob = networks.action_from_noise(noise, True, logits, None)
+    freq = np.bincount(np.asarray(action), minlength=3) / 20_000
+    np.testing.assert_allclose(freq, [0.1, 0.2, 0.7], atol=0.015)
+    np.testing.assert_allclose(
+        log_prob, np.log([0.1, 0.2, 0.7])[np.asarray(action)], rtol=1e-5)
+
+    mean = jnp.broadcast_to(jnp.array([1.0, -2.0]), (20_000, 2))
+    log_std = jnp.log(jnp.array([0.5, 2.0]))
+    noise = networks.action_noise(key_c, False, (20_000, 2))
+    action, _ = networks.action_from_noise(noise, False, mean, log_std)
+    np.testing.assert_allclose(np.mean(action, 0), [1.0, -2.0], atol=0.05)
+    np.testing.assert_allclose(np.std(action, 0), [0.5, 2.0], rtol=0.03)
 
 
 # ------------------------------------------------------------------------------- GAE
