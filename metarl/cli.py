@@ -3,6 +3,9 @@
 For several processes (one per node), start ``python -m metarl.distributed evolve ...``: it
 initialises ``jax.distributed`` and then runs this same command line; only process 0 writes
 files and prints.
+
+On the CPU the command line exposes one JAX device per core (``--cpu-devices``), and runs
+shard their population over every device (``run.shard``, on by default), so all cores work.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from metarl import distributed
+from metarl import distributed, sharding
 from metarl.checkpoint import CheckpointError
 from metarl.config import ConfigError, load_config
 from metarl.run import RunError
@@ -72,6 +75,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="metarl", description="Discover RL objectives by evolution."
     )
+    parser.add_argument(
+        "--cpu-devices", type=int, default=None, metavar="N",
+        help="JAX CPU devices to expose (default: one per core, unless JAX_NUM_CPU_DEVICES "
+             "or XLA_FLAGS already set a count); a sharded run splits its population over "
+             "them, which is how it uses every core",
+    )
     commands = parser.add_subparsers(dest="command", required=True)
 
     evolve = commands.add_parser("evolve", help="start a meta-evolution run from a config file")
@@ -117,7 +126,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        sharding.use_cpu_cores(args.cpu_devices)  # before JAX's first computation
+    except ValueError as error:
+        parser.error(f"--cpu-devices: {error}")
+    except RuntimeError:
+        # called from a program in which JAX already runs: its devices stay as they are
+        if args.cpu_devices is not None:
+            parser.error("--cpu-devices: JAX has already started in this process; call "
+                         "metarl.sharding.use_cpu_cores() before its first computation")
     try:
         return args.handler(args)
     except (ConfigError, RunError, CheckpointError) as error:

@@ -165,7 +165,8 @@ class RunConfig:
             ``vmap``); bounds memory for large populations. Per device when ``shard`` is on.
         shard: split each generation's candidates × seeds over every visible device (all
             processes under ``jax.distributed``; see ``docs/scaling.md``); results equal
-            the unsharded run. Off by default: one device.
+            the unsharded run. On by default; with one device it changes nothing. On the
+            CPU the ``metarl`` command exposes one device per core, so this uses them all.
         checkpoint_every: save a checkpoint every this many generations.
         keep_checkpoints: most recent checkpoints kept (the best one is kept as well).
         output_dir: parent directory of run directories.
@@ -178,7 +179,7 @@ class RunConfig:
     keep_checkpoints: int = 3
     output_dir: str = "runs"
     progress: bool = True
-    shard: bool = False
+    shard: bool = True
 
     def __post_init__(self):
         if not isinstance(self.shard, bool):

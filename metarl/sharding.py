@@ -19,6 +19,10 @@ bit without chunking; to float32 rounding with it).
   trains the agents of its own devices, and the results are gathered to all processes.
 - **One device** (no mesh, or a mesh of one device) takes exactly the unsharded code path,
   so nothing changes for single-device users.
+- **CPU cores.** XLA runs one CPU device's program largely on one core. :func:`use_cpu_cores`
+  (called by the ``metarl`` command line) exposes one CPU device per core, so sharding the
+  population puts every core to work: on a 2-core machine about 1.4x the agent-steps per
+  second of one device (``benchmarks/throughput.py``).
 
 Shapes: ``P`` agents, ``D`` devices in the mesh, ``U`` PPO updates.
 """
@@ -26,6 +30,7 @@ Shapes: ``P`` agents, ``D`` devices in the mesh, ``U`` PPO updates.
 from __future__ import annotations
 
 import operator
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -37,6 +42,29 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from inner_loops import ppo
 
 POPULATION_AXIS = "population"
+
+
+def use_cpu_cores(count: int | None = None) -> int:
+    """Make JAX's CPU backend expose ``count`` devices (default: one per usable core).
+
+    Must run before JAX's first computation (JAX raises ``RuntimeError`` otherwise). A
+    device count already chosen by the user, through ``JAX_NUM_CPU_DEVICES`` or XLA's
+    ``--xla_force_host_platform_device_count``, is kept. Accelerator backends are not
+    affected. Returns the number of CPU devices JAX will expose.
+    """
+    chosen = os.environ.get("JAX_NUM_CPU_DEVICES")
+    if chosen:
+        return int(chosen)
+    for flag in os.environ.get("XLA_FLAGS", "").split():
+        if flag.startswith("--xla_force_host_platform_device_count="):
+            return int(flag.split("=", 1)[1])
+    if count is None:
+        count = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
+            os.cpu_count() or 1)
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        raise ValueError(f"count: must be a positive integer, got {count!r}")
+    jax.config.update("jax_num_cpu_devices", count)
+    return count
 
 
 def population_mesh(devices: Sequence[jax.Device] | int | None = None,

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -170,15 +171,57 @@ def test_put_replicated_keeps_values():
 
 
 def test_run_config_shard_field():
-    assert RunConfig().shard is False
-    assert config_from_dict({"run": {"shard": True}}).run.shard is True
+    assert RunConfig().shard is True
+    assert config_from_dict({"run": {"shard": False}}).run.shard is False
     with pytest.raises(ConfigError, match="run.shard"):
         config_from_dict({"run": {"shard": "yes"}})
     with pytest.raises(ConfigError, match="run.shard"):
         RunConfig(shard=1)
-    config = ExperimentConfig(inner=(TINY,))
-    assert Evolution(config).mesh is None  # default: the unsharded single-device path
-    sharded = Evolution(ExperimentConfig(inner=(TINY,), run=RunConfig(shard=True)))
+    config = ExperimentConfig(inner=(TINY,), run=RunConfig(shard=False))
+    assert Evolution(config).mesh is None  # the unsharded single-device path
+    sharded = Evolution(ExperimentConfig(inner=(TINY,)))  # sharded by default
     assert sharding.num_shards(sharded.mesh) == jax.device_count()
     if jax.device_count() == 1:
         assert sharded.mesh is None  # one device: the unsharded program, unchanged
+
+
+# --------------------------------------------------------------- one device per core
+
+PROBE = ("import sys; from metarl import sharding; "
+         "n = sharding.use_cpu_cores(int(sys.argv[1]) if len(sys.argv) > 1 else None); "
+         "import jax; print(n, jax.device_count())")
+
+
+def probe(*args: str, **env: str) -> str:
+    base = {k: v for k, v in os.environ.items()
+            if k not in ("XLA_FLAGS", "JAX_NUM_CPU_DEVICES")}
+    return subprocess.run(
+        [sys.executable, "-c", PROBE, *args], env={**base, "JAX_PLATFORMS": "cpu", **env},
+        capture_output=True, text=True, timeout=120, check=True,
+    ).stdout.split()
+
+
+def test_use_cpu_cores_exposes_one_device_per_core_or_the_count_asked():
+    assert probe() == [str(len(os.sched_getaffinity(0)))] * 2
+    assert probe("3") == ["3", "3"]
+    # a count the user already chose wins
+    assert probe("3", XLA_FLAGS="--xla_force_host_platform_device_count=5") == ["5", "5"]
+    assert probe("3", JAX_NUM_CPU_DEVICES="2") == ["2", "2"]
+
+
+def test_use_cpu_cores_rejects_bad_counts_and_late_calls():
+    with pytest.raises(ValueError, match="count"):
+        sharding.use_cpu_cores(0)
+    jax.numpy.zeros(1).block_until_ready()  # JAX has started in this process
+    with pytest.raises(RuntimeError, match="before"):
+        sharding.use_cpu_cores(jax.device_count() + 1)
+
+
+def test_cli_cpu_devices_after_jax_started_is_a_clear_error(capsys):
+    from metarl import cli
+
+    jax.numpy.zeros(1).block_until_ready()
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["--cpu-devices", str(jax.device_count() + 1), "plot", "nowhere"])
+    assert exit_info.value.code == 2
+    assert "--cpu-devices: JAX has already started" in capsys.readouterr().err
