@@ -14,13 +14,13 @@ import argparse
 import sys
 from pathlib import Path
 
+# Only modules that leave JAX unstarted are imported here: the CPU device count can only be
+# set before JAX's first computation, and importing gymnax (through metarl.config) runs one.
 from metarl import distributed, sharding
-from metarl.checkpoint import CheckpointError
-from metarl.config import ConfigError, load_config
-from metarl.run import RunError
 
 
 def _evolve(args) -> int:
+    from metarl.config import load_config
     from metarl.run import evolve
 
     return _report(evolve(load_config(args.config, args.set), args.run_dir), args.no_plots)
@@ -53,6 +53,17 @@ def _evaluate(args) -> int:
                           args.eval_seed, args.total_timesteps)
     print(format_table(report))
     print(f"saved {Path(args.run_dir) / EVALUATION_FILE}")
+    return 0
+
+
+def _devices(args) -> int:
+    import jax
+
+    devices = jax.devices()
+    print(f"{len(devices)} {devices[0].platform} device(s) in {jax.process_count()} "
+          f"process(es); this process has {jax.local_device_count()}:")
+    for device in jax.local_devices():
+        print(f"  {device}")
     return 0
 
 
@@ -122,6 +133,11 @@ def build_parser() -> argparse.ArgumentParser:
     plot = commands.add_parser("plot", help="draw the learned objective and the run as PNGs")
     plot.add_argument("run_dir")
     plot.set_defaults(handler=_plot)
+
+    devices = commands.add_parser(
+        "devices", help="list the JAX devices a run would shard its population over"
+    )
+    devices.set_defaults(handler=_devices)
     return parser
 
 
@@ -137,6 +153,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.cpu_devices is not None:
             parser.error("--cpu-devices: JAX has already started in this process; call "
                          "metarl.sharding.use_cpu_cores() before its first computation")
+    from metarl.checkpoint import CheckpointError
+    from metarl.config import ConfigError
+    from metarl.run import RunError
+
     try:
         return args.handler(args)
     except (ConfigError, RunError, CheckpointError) as error:

@@ -165,8 +165,9 @@ class RunConfig:
             ``vmap``); bounds memory for large populations. Per device when ``shard`` is on.
         shard: split each generation's candidates × seeds over every visible device (all
             processes under ``jax.distributed``; see ``docs/scaling.md``); results equal
-            the unsharded run. On by default; with one device it changes nothing. On the
-            CPU the ``metarl`` command exposes one device per core, so this uses them all.
+            the unsharded run to float rounding, which long runs amplify. On by default;
+            with one device it changes nothing. On the CPU the ``metarl`` command exposes
+            one device per core, so this uses them all.
         checkpoint_every: save a checkpoint every this many generations.
         keep_checkpoints: most recent checkpoints kept (the best one is kept as well).
         output_dir: parent directory of run directories.

@@ -5,8 +5,11 @@ keys, meta-parameters, hyperparameters. :func:`train_population` splits that axi
 1-D device :class:`~jax.sharding.Mesh` with :func:`jax.shard_map`: every device trains its
 ``P / D`` agents with :func:`inner_loops.ppo.train_population` (one ``vmap``, or
 ``chunk_size`` agents at a time), and the metrics come back replicated. Agents never talk to
-each other, so the sharded result equals the single-device one for the same keys (bit for
-bit without chunking; to float32 rounding with it).
+each other, so the sharded result equals the single-device one for the same keys, to
+float32 rounding (XLA may round a differently partitioned program differently). Long RL
+runs amplify rounding: over generations the candidates, and so the returns, of a run on
+2 devices drift apart from the same run on 1. Resume a run on the device count it started
+with to continue it exactly.
 
 - **Uneven populations.** ``shard_map`` needs equal shares, so a population that does not
   divide the device count is padded with copies of its last agent to the next multiple and

@@ -225,3 +225,15 @@ def test_cli_cpu_devices_after_jax_started_is_a_clear_error(capsys):
         cli.main(["--cpu-devices", str(jax.device_count() + 1), "plot", "nowhere"])
     assert exit_info.value.code == 2
     assert "--cpu-devices: JAX has already started" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("args, expected", [((), None), (("--cpu-devices", "3"), 3)])
+def test_cli_exposes_one_cpu_device_per_core(args, expected):
+    """The real command line, in a fresh process: its imports must leave JAX unstarted
+    (gymnax starts it on import) so that the device count can still be set."""
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_NUM_CPU_DEVICES")}
+    out = subprocess.run([sys.executable, "-m", "metarl.cli", *args, "devices"],
+                         env={**env, "JAX_PLATFORMS": "cpu"}, capture_output=True, text=True,
+                         timeout=120, check=True).stdout
+    expected = expected or len(os.sched_getaffinity(0))
+    assert out.startswith(f"{expected} cpu device(s)"), out
