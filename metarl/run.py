@@ -18,6 +18,7 @@ import json
 import math
 import os
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,7 @@ from metarl import distributed
 from metarl.checkpoint import CheckpointError, RunCheckpointer
 from metarl.config import ExperimentConfig, config_from_dict, read_config_data
 from metarl.evolution import Evolution, EvolutionState
+from metarl.sharding import num_shards
 
 CONFIG_FILE = "config.json"
 METRICS_FILE = "metrics.jsonl"
@@ -131,6 +133,7 @@ def _summary(generation: int, metrics: dict, state: EvolutionState, seconds: flo
             for e, inner in enumerate(evolution.config.inner)
         },
         "agent_steps": total_steps,
+        "devices": num_shards(evolution.mesh),
         "seconds": seconds,
         "agent_steps_per_second": steps / seconds if seconds > 0 else None,
     }
@@ -227,9 +230,24 @@ def resume(run_dir: str | Path, generations: int | None = None) -> RunResult:
     if until < generation:
         raise RunError(f"generations: the run already has {generation} generations (> {until})")
     history = [line for line in meta["history"] if line["generation"] <= generation]
+    _warn_if_devices_changed(run_dir, history, num_shards(evolution.mesh))
     if distributed.is_primary():
         _write_metrics(run_dir, history)
     return _run_generations(evolution, state, run_dir, history, until)
+
+
+def _warn_if_devices_changed(run_dir: Path, history: list[dict], devices: int) -> None:
+    """Sharded results agree across device counts only to float rounding, which training
+    amplifies, so a run resumed on another count no longer repeats itself exactly."""
+    before = history[-1].get("devices") if history else None
+    if before is not None and before != devices:
+        warnings.warn(
+            f"{run_dir} ran on {before} device(s) and resumes on {devices}: it will match an "
+            "uninterrupted run only to float rounding, which training amplifies. To continue "
+            f"it exactly, resume on {before} device(s) (e.g. `metarl --cpu-devices {before} "
+            "resume ...` on a CPU).",
+            UserWarning, stacklevel=3,
+        )
 
 
 def load_run(run_dir: str | Path) -> RunResult:

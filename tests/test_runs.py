@@ -123,10 +123,13 @@ def test_two_plus_two_resumed_equals_four_straight(tiny_config_file, reference_r
 
 
 def _start_worker(tiny_config_file, run_dir, pause_at=0):
+    # The worker runs the CLI, which would expose one CPU device per core; it must use as
+    # many devices as this process, which resumes its run, for the resume to be exact.
+    env = {**os.environ, "JAX_NUM_CPU_DEVICES": str(jax.device_count())}
     return subprocess.Popen(
         [sys.executable, str(KILL_WORKER), str(pause_at), str(tiny_config_file),
          "--run-dir", str(run_dir), "--no-plots"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
     )
 
 
@@ -156,6 +159,20 @@ def test_sigkill_during_a_generation_then_resume(tiny_config_file, reference_run
     result = resume(run_dir)
     assert int(result.state.generation) == GENERATIONS
     _assert_same_run(run_dir, reference_run)
+
+
+def test_resuming_on_another_device_count_warns(tiny_config_file, tmp_path):
+    """A run started by the CLI on 2 CPU devices and resumed here on this process's one."""
+    run_dir = tmp_path / "two_devices"
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_NUM_CPU_DEVICES")}
+    subprocess.run([sys.executable, "-m", "metarl.cli", "--cpu-devices", "2", "evolve",
+                    str(tiny_config_file), "--run-dir", str(run_dir), "--no-plots",
+                    "--set", "es.generations=1"],
+                   env=env, check=True, capture_output=True, timeout=240)
+    assert read_metrics(run_dir)[-1]["devices"] == 2
+    with pytest.warns(UserWarning, match=r"ran on 2 device\(s\) and resumes on 1"):
+        result = resume(run_dir, generations=2)
+    assert [line["devices"] for line in result.history] == [2, 1]
 
 
 @pytest.mark.timeout(400)
