@@ -305,13 +305,12 @@ class VecEnv:
         ``raw_reward`` never is (for logging episode returns).
         """
         if noise is None:
-            obs, env_state, raw_reward, terminated, truncated, final_obs = jax.vmap(
-                self.env.step
-            )(jax.random.split(key, self.num_envs), state.env_state, actions)
+            keys, fresh = jax.random.split(key, self.num_envs), None
         else:
-            obs, env_state, raw_reward, terminated, truncated, final_obs = jax.vmap(
-                self.env.step
-            )(noise.keys, state.env_state, actions, (noise.fresh_obs, noise.fresh_state))
+            keys, fresh = noise.keys, (noise.fresh_obs, noise.fresh_state)
+        obs, env_state, raw_reward, terminated, truncated, final_obs = jax.vmap(self.env.step)(
+            keys, state.env_state, actions, fresh
+        )
         state = state.replace(env_state=env_state)
         if self.normalize_obs:
             state, obs = self._observe(state, obs)

@@ -111,6 +111,18 @@ def _format_ratio_axis(ax, ratio_range: tuple[float, float], log_ratio: bool) ->
         ax.xaxis.set_minor_locator(NullLocator())  # log minor ticks cost much and say little
 
 
+def _finish_drift_slice(ax, ratio_range: tuple[float, float], log_ratio: bool, ylabel: str,
+                        title: str, ncol: int = 1) -> None:
+    """Axes, labels and legend of one drift-over-ratio slice at a fixed advantage."""
+    ax.axvline(1.0, color="0.7", lw=0.8, zorder=0)
+    _format_ratio_axis(ax, ratio_range, log_ratio)
+    ax.set_xlabel("probability ratio r")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small", ncol=ncol)
+
+
 def _evaluate_drift(drift_fn: DriftFn, ratio, advantage, progress=None) -> np.ndarray:
     ratio = jnp.asarray(ratio, jnp.float32)
     advantage = jnp.asarray(advantage, jnp.float32)
@@ -378,13 +390,7 @@ def plot_drift(
                 label=name)
         for ref_label, (ref_fn, style) in references.items():
             ax.plot(ratios, _evaluate_drift(ref_fn, ratios, ones), label=ref_label, **style)
-        ax.axvline(1.0, color="0.7", lw=0.8, zorder=0)
-        _format_ratio_axis(ax, ratio_range, log_ratio)
-        ax.set_xlabel("probability ratio r")
-        ax.set_ylabel("drift D(r, A)")
-        ax.set_title(f"slice at A = {a:+g}")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize="small")
+        _finish_drift_slice(ax, ratio_range, log_ratio, "drift D(r, A)", f"slice at A = {a:+g}")
     suffix = f" at training progress {progress:g}" if _uses_progress(drift_fn) else ""
     fig.suptitle(title or f"Drift over ratio × advantage{suffix}: the penalty subtracted from r·A")
     return fig
@@ -486,13 +492,8 @@ def plot_temporal_drift(
                 label=ppo.label + (" (runs off scale)" if off_scale else ""))
         if off_scale:
             ax.set_ylim(-0.04 * top * 1.5, top * 1.5)
-        ax.axvline(1.0, color="0.7", lw=0.8, zorder=0)
-        _format_ratio_axis(ax, ratio_range, log_ratio)
-        ax.set_xlabel("probability ratio r")
-        ax.set_ylabel("drift D(r, A, p)")
-        ax.set_title(f"slice at A = {a:+g}, one line per training progress")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize="small", ncol=2)
+        _finish_drift_slice(ax, ratio_range, log_ratio, "drift D(r, A, p)",
+                            f"slice at A = {a:+g}, one line per training progress", ncol=2)
     fig.suptitle(title or "Temporally-aware drift: how the penalty changes over training",
                  fontsize="large")
     return fig

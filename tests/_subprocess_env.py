@@ -22,6 +22,13 @@ def jax_cache_env() -> dict[str, str]:
     }
 
 
+def env_without_device_count(**extra: str) -> dict[str, str]:
+    """This process's environment minus any CPU device count the user set, plus ``extra``:
+    a child then chooses its own count (the ``metarl`` CLI: one device per core)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_NUM_CPU_DEVICES")}
+    return {**env, **extra}
+
+
 def start_worker(script: Path, args: list[str], env: dict[str, str], logs: Path,
                  name: str) -> subprocess.Popen:
     """Start ``python script *args`` with its output in ``logs/name.{out,err}`` files.

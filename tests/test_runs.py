@@ -17,6 +17,7 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
+from _subprocess_env import env_without_device_count
 
 from metarl.checkpoint import CheckpointError, RunCheckpointer
 from metarl.cli import main
@@ -164,7 +165,7 @@ def test_sigkill_during_a_generation_then_resume(tiny_config_file, reference_run
 def test_resuming_on_another_device_count_warns(tiny_config_file, tmp_path):
     """A run started by the CLI on 2 CPU devices and resumed here on this process's one."""
     run_dir = tmp_path / "two_devices"
-    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_NUM_CPU_DEVICES")}
+    env = env_without_device_count()
     subprocess.run([sys.executable, "-m", "metarl.cli", "--cpu-devices", "2", "evolve",
                     str(tiny_config_file), "--run-dir", str(run_dir), "--no-plots",
                     "--set", "es.generations=1"],

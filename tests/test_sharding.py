@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from _subprocess_env import start_worker, stop_workers
+from _subprocess_env import env_without_device_count, start_worker, stop_workers
 
 from inner_loops.ppo import PPOConfig
 from metarl import sharding
@@ -193,10 +193,9 @@ PROBE = ("import sys; from metarl import sharding; "
 
 
 def probe(*args: str, **env: str) -> str:
-    base = {k: v for k, v in os.environ.items()
-            if k not in ("XLA_FLAGS", "JAX_NUM_CPU_DEVICES")}
     return subprocess.run(
-        [sys.executable, "-c", PROBE, *args], env={**base, "JAX_PLATFORMS": "cpu", **env},
+        [sys.executable, "-c", PROBE, *args],
+        env=env_without_device_count(JAX_PLATFORMS="cpu", **env),
         capture_output=True, text=True, timeout=120, check=True,
     ).stdout.split()
 
@@ -231,9 +230,9 @@ def test_cli_cpu_devices_after_jax_started_is_a_clear_error(capsys):
 def test_cli_exposes_one_cpu_device_per_core(args, expected):
     """The real command line, in a fresh process: its imports must leave JAX unstarted
     (gymnax starts it on import) so that the device count can still be set."""
-    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_NUM_CPU_DEVICES")}
     out = subprocess.run([sys.executable, "-m", "metarl.cli", *args, "devices"],
-                         env={**env, "JAX_PLATFORMS": "cpu"}, capture_output=True, text=True,
+                         env=env_without_device_count(JAX_PLATFORMS="cpu"),
+                         capture_output=True, text=True,
                          timeout=120, check=True).stdout
     expected = expected or len(os.sched_getaffinity(0))
     assert out.startswith(f"{expected} cpu device(s)"), out
