@@ -15,6 +15,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from inner_loops.linear import dense_dot_general
+
 ACTIVATIONS = {"tanh": nn.tanh, "relu": nn.relu}
 
 
@@ -23,6 +25,7 @@ def _dense(features: int, scale: float) -> nn.Dense:
         features,
         kernel_init=nn.initializers.orthogonal(scale),
         bias_init=nn.initializers.zeros,
+        dot_general=dense_dot_general,
     )
 
 
