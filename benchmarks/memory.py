@@ -48,7 +48,9 @@ def child(population: int, chunk_size: int, updates: int, devices: int, mode: st
     mesh = sharding.population_mesh(devices) if devices > 1 else None
 
     def run(keys):
-        return sharding.train_population(train, keys, chunk_size=chunk_size or None, mesh=mesh)
+        # 0: no chunking, i.e. a chunk as large as the population (not the CPU default of 16)
+        return sharding.train_population(train, keys, chunk_size=chunk_size or population,
+                                         mesh=mesh)
 
     keys = jax.random.split(jax.random.PRNGKey(0), population)
     started = time.perf_counter()

@@ -13,10 +13,11 @@ PureJaxRL's CartPole-v1 settings (4 envs x 128 steps, 4 epochs x 4 minibatches, 
 - ``chunked``: ``jit`` of ``lax.map`` over vmapped chunks of ``--chunk-size`` agents
   (:func:`inner_loops.ppo.train_population`); when the population fits in one chunk this
   is the very program of ``vectorised`` (compiled once, timed separately);
-- ``sharded``: ``vectorised``, with the population split over one CPU device per core
-  (``--devices``, :func:`metarl.sharding.train_population`). XLA runs one CPU device's
-  program largely on one core; a device per core is how one process uses them all. The
-  other modes run on the first device.
+- ``sharded``: the population split over one CPU device per core (``--devices``), as
+  ``metarl`` trains it (:func:`metarl.sharding.train_population`, each device training 16
+  agents at a time, its CPU default). XLA runs one CPU device's program largely on one
+  core; a device per core is how one process uses them all. The other modes run on the
+  first device.
 
 For every population size the modes are compiled first, then run in turn ``--repeats``
 times (interleaved, so load on a shared machine hits all alike); the best time counts and

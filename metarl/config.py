@@ -161,8 +161,10 @@ class RunConfig:
 
     Attributes:
         seed: master random seed of the run (ES sampling and agent seeds).
-        chunk_size: train at most this many agents at once (0: the whole population in one
-            ``vmap``); bounds memory for large populations. Per device when ``shard`` is on.
+        chunk_size: train at most this many agents at once, per device; bounds memory for
+            large populations. 0 (default): 16 per CPU device, which keeps throughput from
+            falling as the population grows, and everything at once on accelerators
+            (:func:`metarl.sharding.default_chunk_size`).
         shard: split each generation's candidates × seeds over every visible device (all
             processes under ``jax.distributed``; see ``docs/scaling.md``); results equal
             the unsharded run to float rounding, which long runs amplify. On by default;

@@ -54,7 +54,8 @@ def evaluate_candidates(
         keys: ``[C, S, 2]`` PRNG keys, one per training run.
         hypers: :class:`~inner_loops.ppo.Hyperparams` of scalars (shared by all runs).
         config: fitness settings.
-        chunk_size: train at most this many runs at once (0: all); per device when sharded.
+        chunk_size: train at most this many runs at once per device (0: automatic, see
+            :func:`metarl.sharding.default_chunk_size`).
         mesh: a :class:`jax.sharding.Mesh` (:func:`metarl.sharding.population_mesh`) to shard
             the ``C * S`` runs over; ``None`` (default) trains them on one device.
 

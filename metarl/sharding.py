@@ -14,8 +14,11 @@ with to continue it exactly.
 - **Uneven populations.** ``shard_map`` needs equal shares, so a population that does not
   divide the device count is padded with copies of its last agent to the next multiple and
   the copies are dropped from the result (at most ``D - 1`` wasted runs).
-- **Memory.** ``chunk_size`` is *per device*: each device trains its share ``chunk_size``
-  agents at a time, so peak memory per device is set by the chunk, not by ``P / D``.
+- **Memory and speed.** ``chunk_size`` is *per device*: each device trains its share
+  ``chunk_size`` agents at a time, so peak memory per device is set by the chunk, not by
+  ``P / D``. Left unset on CPU devices it is :data:`CPU_CHUNK_SIZE`: a minibatch's
+  activations for a few dozen agents outgrow a core's cache, and throughput fell from 64 to
+  256 agents until the share was trained in chunks (:func:`default_chunk_size`).
 - **Hosts.** Under :mod:`jax.distributed` (see :mod:`metarl.distributed`),
   :func:`population_mesh` spans the devices of every process; inputs that every process
   computes identically (the ES state, its keys) are treated as replicated, each process
@@ -45,6 +48,12 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from inner_loops import ppo
 
 POPULATION_AXIS = "population"
+
+# Agents a CPU device trains at once when no chunk size is given. Measured on a 2-core
+# machine (PureJaxRL CartPole settings, 2 devices, one process, interleaved): 256 agents
+# unchunked ran at 188k agent-steps/s against 212k for 64; in chunks of 32 per device 212k,
+# of 16 218k-225k, of 8 219k; 64 agents in chunks of 16 or 8 were no slower than unchunked.
+CPU_CHUNK_SIZE = 16
 
 
 def use_cpu_cores(count: int | None = None) -> int:
@@ -158,6 +167,14 @@ def put_replicated(tree: Any, mesh: Mesh) -> Any:
     return jax.tree.map(put, tree)
 
 
+def default_chunk_size(mesh: Mesh | None = None) -> int | None:
+    """The per-device chunk :func:`train_population` uses when none is given:
+    :data:`CPU_CHUNK_SIZE` when the devices (``mesh``'s, else the default device) are CPUs,
+    ``None`` (the whole share in one ``vmap``) on accelerators."""
+    device = mesh.devices.flat[0] if mesh is not None else jax.devices()[0]
+    return CPU_CHUNK_SIZE if device.platform == "cpu" else None
+
+
 def train_population(train, keys, meta_params=None, hypers=None,
                      chunk_size: int | None = None, mesh: Mesh | None = None):
     """:func:`inner_loops.ppo.train_population`, sharded over ``mesh``.
@@ -167,8 +184,10 @@ def train_population(train, keys, meta_params=None, hypers=None,
         keys: ``[P, 2]`` PRNG keys (or any pytree with leading axis ``P``).
         meta_params: pytree with leading axis ``[P]`` (or ``None``: the objective's default).
         hypers: :class:`~inner_loops.ppo.Hyperparams` of ``[P]`` arrays (or ``None``).
-        chunk_size: train at most this many agents at once *per device* (``None``/0: all
-            of the device's share in one ``vmap``).
+        chunk_size: train at most this many agents at once *per device*. ``None``/0:
+            :func:`default_chunk_size` (16 on the CPU, the whole share on accelerators);
+            a chunk at least the share trains it in one ``vmap``. Chunked and unchunked
+            training give the same metrics.
         mesh: devices to shard over (:func:`population_mesh`); ``None`` or a one-device
             mesh runs :func:`inner_loops.ppo.train_population` unchanged.
 
@@ -182,6 +201,8 @@ def train_population(train, keys, meta_params=None, hypers=None,
             raise ValueError(f"chunk_size: must be an integer, got {chunk_size!r}") from None
         if chunk_size is not None and chunk_size < 1:
             raise ValueError(f"chunk_size: must be a positive integer, got {chunk_size!r}")
+    if chunk_size is None:
+        chunk_size = default_chunk_size(mesh)
     if num_shards(mesh) == 1:
         return ppo.train_population(train, keys, meta_params, hypers, chunk_size)
 

@@ -136,7 +136,26 @@ def test_one_device_mesh_takes_the_unsharded_path(monkeypatch):
         for chunk in (None, 0, 2):
             assert sharding.train_population("train", keys, "meta", "hypers", chunk,
                                              mesh) == "unsharded"
-    assert calls == [("train", keys, "meta", "hypers", c) for c in (None, None, 2)] * 2
+    auto = sharding.default_chunk_size()
+    assert calls == [("train", keys, "meta", "hypers", c) for c in (auto, auto, 2)] * 2
+
+
+def test_cpu_devices_train_in_chunks_unless_told_otherwise():
+    assert sharding.default_chunk_size() == sharding.CPU_CHUNK_SIZE  # the tests run on CPU
+    assert sharding.default_chunk_size(sharding.population_mesh(1)) == sharding.CPU_CHUNK_SIZE
+    population = 2 * sharding.CPU_CHUNK_SIZE + 3
+
+    def train(key, meta_params, hypers):
+        return {"x": jnp.sum(key.astype(jnp.float32)) + meta_params}
+
+    def scan_lengths(chunk_size):
+        jaxpr = jax.make_jaxpr(
+            lambda k, m: sharding.train_population(train, k, m, None, chunk_size)
+        )(jnp.zeros((population, 2), jnp.uint32), jnp.zeros(population))
+        return [e.params["length"] for e in jaxpr.jaxpr.eqns if e.primitive.name == "scan"]
+
+    assert scan_lengths(None) == scan_lengths(0) == [2]  # two chunks of 16, then the rest
+    assert scan_lengths(population) == []  # one vmap
 
 
 def test_population_mesh_and_padding():
