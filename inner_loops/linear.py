@@ -78,14 +78,15 @@ def dense_dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_ele
     case goes to :func:`matmul`. Anything else (and any explicit precision or output type)
     is handed to :func:`jax.lax.dot_general` unchanged.
     """
-    dense_case = (((lhs.ndim - 1,), (0,)), ((), ()))
-    if (
+    (lhs_contracting, rhs_contracting), (lhs_batch, rhs_batch) = dimension_numbers
+    dense_case = (
         rhs.ndim == 2
-        and precision is None
-        and preferred_element_type is None
-        and tuple(map(tuple, dimension_numbers[0])) == dense_case[0]
-        and tuple(map(tuple, dimension_numbers[1])) == dense_case[1]
-    ):
+        and tuple(lhs_contracting) == (lhs.ndim - 1,)
+        and tuple(rhs_contracting) == (0,)
+        and not lhs_batch
+        and not rhs_batch
+    )
+    if dense_case and precision is None and preferred_element_type is None:
         return matmul(lhs, rhs)
     return lax.dot_general(lhs, rhs, dimension_numbers, precision=precision,
                            preferred_element_type=preferred_element_type)
