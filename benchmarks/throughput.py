@@ -7,6 +7,9 @@ population sharded over them (:func:`metarl.sharding.train_population`): XLA run
 device largely on one core, so a device per core is how a population uses the whole CPU.
 Throughput per step does not depend on the number of updates (the updates are a scan), so
 ``--total-timesteps`` only trades run time for timing precision.
+``agent_steps_per_second`` is from the fastest of ``--repeats`` runs and
+``median_agent_steps_per_second`` from their median; on a shared machine the median is the
+figure to quote.
 
     python benchmarks/throughput.py                      # populations 1 16 64 256, 1 device
     python benchmarks/throughput.py --devices 1 2        # ... and sharded over 2 CPU devices
@@ -21,6 +24,7 @@ import argparse
 import json
 import platform
 import resource
+import statistics
 import subprocess
 import sys
 import time
@@ -59,6 +63,7 @@ def measure(population: int, total_timesteps: int, repeats: int, devices: int) -
         "compile_seconds": round(compile_seconds, 2),
         "run_seconds": [round(t, 3) for t in timings],
         "agent_steps_per_second": round(steps / best),
+        "median_agent_steps_per_second": round(steps / statistics.median(timings)),
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
         "final_return_mean": float(metrics["episode_return"][:, -1].mean()),
     }
