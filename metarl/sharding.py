@@ -75,7 +75,15 @@ def use_cpu_cores(count: int | None = None) -> int:
             os.cpu_count() or 1)
     if isinstance(count, bool) or not isinstance(count, int) or count < 1:
         raise ValueError(f"count: must be a positive integer, got {count!r}")
-    jax.config.update("jax_num_cpu_devices", count)
+    try:
+        jax.config.update("jax_num_cpu_devices", count)
+    except RuntimeError as error:
+        raise RuntimeError(
+            f"use_cpu_cores({count}): JAX has already started in this process, so its CPU "
+            "device count can no longer change. Call it before anything computes with JAX; "
+            "importing gymnax (and so metarl.config, metarl.run or metarl.evaluate) already "
+            "does, so call it before those imports."
+        ) from error
     return count
 
 

@@ -4,7 +4,8 @@ Each notebook's first code cell holds its size knobs (``GENERATIONS = 3`` ...); 
 rewrites them to the values in ``TINY`` and executes the notebook in a fresh ``python3``
 kernel with nbclient. Compilation dominates on the CPU, so the kernels share a persistent JAX
 compilation cache (see ``tests/_subprocess_env.py``): notebooks 1, 2 and 4 and the run of
-``tests/test_plots.py`` use the same value-distance setting and compile its generation step
+``tests/test_plots.py`` (through the ``metarl`` command line) use the same value-distance
+setting and the same devices, one JAX CPU device per core, and compile its generation step
 once between them.
 """
 
