@@ -19,12 +19,19 @@ and reward normalisation statistics (for continuous control).
 
 Environment ids: any gymnax id (``CartPole-v1``, ``Breakout-MinAtar``, ...) or
 ``brax/<name>`` for brax (``brax/ant``, ``brax/hopper``, ``brax/halfcheetah``, ...).
+
+Environment parameters: ``env_params`` overrides scalar fields of a gymnax environment's
+default ``EnvParams`` (``{"max_steps_in_episode": 200}``, CartPole's ``"gravity"`` ...), set
+as given: gymnax does not recompute fields derived from others (CartPole's ``total_mass``).
+Brax environments take ``"episode_length"`` (default :data:`BRAX_EPISODE_LENGTH`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import warnings
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -80,17 +87,74 @@ def _brax_names() -> list[str]:
     return sorted(brax_envs._envs)
 
 
-def make_env(env_id: str) -> Env:
-    """Build the environment named ``env_id``; raise ``ValueError`` listing valid ids."""
+# (name, value) pairs sorted by name: the hashable form of an ``env_params`` mapping
+EnvParamPairs = tuple[tuple[str, Any], ...]
+
+
+def env_param_pairs(env_params: Mapping[str, Any] | Iterable[tuple[str, Any]] | None,
+                    ) -> EnvParamPairs:
+    """``env_params`` (a mapping or ``(name, value)`` pairs) as sorted, hashable pairs."""
+    if env_params is None:
+        return ()
+    items = env_params.items() if isinstance(env_params, Mapping) else env_params
+    try:
+        pairs = [(name, value) for name, value in items]
+    except (TypeError, ValueError) as error:
+        raise ValueError(
+            f"env_params: expected a table of parameter names and values, got {env_params!r}"
+        ) from error
+    names = [name for name, _ in pairs]
+    if not all(isinstance(name, str) for name in names) or len(set(names)) != len(names):
+        raise ValueError(f"env_params: names must be distinct strings, got {names}")
+    for name, value in pairs:
+        if not isinstance(value, bool | int | float):
+            raise ValueError(f"env_params.{name}: expected a number or a boolean, got {value!r}")
+    return tuple(sorted(pairs))
+
+
+def make_env(env_id: str, env_params: Mapping[str, Any] | Iterable[tuple[str, Any]] | None = None,
+             ) -> Env:
+    """Build the environment named ``env_id`` with ``env_params`` overriding its defaults.
+
+    Raises ``ValueError`` listing the valid ids, or the parameters the environment has.
+    """
     if not isinstance(env_id, str):
         raise ValueError(f"env_id must be a string, got {env_id!r}")
+    pairs = env_param_pairs(env_params)
     if env_id.startswith(BRAX_PREFIX):
-        return _cached_brax_env(env_id)
-    return _cached_gymnax_env(env_id)
+        return _cached_brax_env(env_id, pairs)
+    return _cached_gymnax_env(env_id, pairs)
+
+
+def _with_overrides(env_id: str, params: Any, pairs: EnvParamPairs) -> Any:
+    """gymnax ``params`` with the scalar fields named in ``pairs`` replaced."""
+    scalars = {f.name: getattr(params, f.name) for f in dataclasses.fields(params)
+               if isinstance(getattr(params, f.name), bool | int | float)}
+    changes = {}
+    for name, value in pairs:
+        if name not in scalars:
+            raise ValueError(
+                f"env_params.{name}: {env_id} has no such scalar parameter; allowed: "
+                f"{', '.join(scalars)}"
+            )
+        default = scalars[name]
+        if isinstance(default, bool):
+            if not isinstance(value, bool):
+                raise ValueError(f"env_params.{name}: expected true or false, got {value!r}")
+        elif isinstance(default, int):
+            if isinstance(value, bool) or not float(value).is_integer():
+                raise ValueError(f"env_params.{name}: expected an integer, got {value!r}")
+            value = int(value)
+        elif isinstance(value, bool):
+            raise ValueError(f"env_params.{name}: expected a number, got {value!r}")
+        else:
+            value = float(value)
+        changes[name] = value
+    return params.replace(**changes)
 
 
 @functools.cache
-def _cached_gymnax_env(env_id: str) -> Env:
+def _cached_gymnax_env(env_id: str, env_params: EnvParamPairs = ()) -> Env:
     import gymnax
     from gymnax.environments import spaces
     from gymnax.environments.environment import Environment
@@ -101,6 +165,7 @@ def _cached_gymnax_env(env_id: str) -> Env:
             f"{', '.join(available_envs())}"
         )
     env, params = gymnax.make(env_id)
+    params = _with_overrides(env_id, params, env_params)
     action_space = env.action_space(params)
     obs_shape = tuple(env.observation_space(params).shape)
     if isinstance(action_space, spaces.Discrete):
@@ -163,12 +228,21 @@ class BraxState(NamedTuple):
 
 
 @functools.cache
-def _cached_brax_env(env_id: str) -> Env:
+def _cached_brax_env(env_id: str, env_params: EnvParamPairs = ()) -> Env:
     name = env_id[len(BRAX_PREFIX) :]
     if name not in _brax_names():
         raise ValueError(
             f"env_id: unknown environment {env_id!r}; allowed: {', '.join(available_envs())}"
         )
+    episode_length = BRAX_EPISODE_LENGTH
+    for param, value in env_params:
+        if param != "episode_length":
+            raise ValueError(f"env_params.{param}: {env_id} has no such parameter; "
+                             "allowed: episode_length")
+        if isinstance(value, bool) or not float(value).is_integer() or value < 1:
+            raise ValueError(f"env_params.episode_length: expected a positive integer, "
+                             f"got {value!r}")
+        episode_length = int(value)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         from brax import envs as brax_envs
@@ -188,7 +262,7 @@ def _cached_brax_env(env_id: str) -> Env:
         next_state = env.step(state.env_state, action)
         steps = state.steps + 1
         terminated = next_state.done > 0.5
-        truncated = jnp.logical_and(steps >= BRAX_EPISODE_LENGTH, jnp.logical_not(terminated))
+        truncated = jnp.logical_and(steps >= episode_length, jnp.logical_not(terminated))
         done = jnp.logical_or(terminated, truncated)
         obs, state = _select_reset(done, fresh,
                                    (next_state.obs, BraxState(next_state, steps)))
@@ -328,9 +402,10 @@ class VecEnv:
 
 
 def make_vec_env(
-    env_id: str, num_envs: int, normalize_obs: bool = False, normalize_reward: bool = False
+    env_id: str, num_envs: int, normalize_obs: bool = False, normalize_reward: bool = False,
+    env_params: Mapping[str, Any] | Iterable[tuple[str, Any]] | None = None,
 ) -> VecEnv:
-    """``num_envs`` copies of :func:`make_env` ``(env_id)``."""
+    """``num_envs`` copies of :func:`make_env` ``(env_id, env_params)``."""
     if num_envs < 1:
         raise ValueError(f"num_envs must be >= 1, got {num_envs}")
-    return VecEnv(make_env(env_id), num_envs, normalize_obs, normalize_reward)
+    return VecEnv(make_env(env_id, env_params), num_envs, normalize_obs, normalize_reward)

@@ -22,7 +22,7 @@ import optax
 from flax import struct
 
 from inner_loops import networks
-from inner_loops.envs import make_env, make_vec_env
+from inner_loops.envs import EnvParamPairs, env_param_pairs, make_env, make_vec_env
 from inner_loops.objective import LossInputs, Objective, ppo_objective
 
 POLICIES = ("auto", "categorical", "gaussian")
@@ -34,6 +34,9 @@ class PPOConfig:
 
     Attributes:
         env_id: gymnax id (``CartPole-v1``, ``Breakout-MinAtar``, ...) or ``brax/<name>``.
+        env_params: overrides of the environment's parameters, e.g.
+            ``{"max_steps_in_episode": 200}`` (see :mod:`inner_loops.envs`); a mapping is
+            stored as sorted ``(name, value)`` pairs. Default: none.
         num_envs: parallel environments per agent.
         num_steps: rollout length per environment per update.
         total_timesteps: environment steps per agent over the whole run.
@@ -51,6 +54,7 @@ class PPOConfig:
     """
 
     env_id: str = "CartPole-v1"
+    env_params: EnvParamPairs = ()
     num_envs: int = 4
     num_steps: int = 128
     total_timesteps: int = 500_000
@@ -110,7 +114,9 @@ class PPOConfig:
         for name in ("ent_coef", "vf_coef"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name}: must be >= 0, got {getattr(self, name)}")
-        spec = make_env(self.env_id).spec  # raises ValueError naming env_id if unknown
+        object.__setattr__(self, "env_params", env_param_pairs(self.env_params))
+        # raises ValueError naming env_id, or the parameter, if unknown
+        spec = make_env(self.env_id, self.env_params).spec
         if spec.discrete and self.policy == "gaussian":
             raise ValueError(
                 f"policy: 'gaussian' needs continuous actions but {self.env_id} is discrete; "
@@ -246,7 +252,8 @@ def make_train(config: PPOConfig, objective: Objective | None = None):
     """
     objective = objective if objective is not None else ppo_objective()
     vec_env = make_vec_env(
-        config.env_id, config.num_envs, config.normalize_obs, config.normalize_reward
+        config.env_id, config.num_envs, config.normalize_obs, config.normalize_reward,
+        config.env_params,
     )
     spec = vec_env.spec
     discrete = spec.discrete

@@ -235,7 +235,8 @@ class ExperimentConfig:
     def to_dict(self) -> dict[str, Any]:
         """Plain-JSON form that :func:`config_from_dict` reads back to an equal config."""
         data = dataclasses.asdict(self)
-        data["inner"] = [dataclasses.asdict(cfg) for cfg in self.inner]
+        data["inner"] = [{**dataclasses.asdict(cfg), "env_params": dict(cfg.env_params)}
+                         for cfg in self.inner]
         return _plain(data)
 
     def replace(self, **changes) -> ExperimentConfig:
@@ -266,10 +267,18 @@ def _coerce(path: str, value, annotation):
     if annotation is Any:
         return value
     if origin is tuple:
-        item_type = typing.get_args(annotation)[0]
+        item_types = typing.get_args(annotation)
+        if isinstance(value, dict) and typing.get_origin(item_types[0]) is tuple:
+            value = list(value.items())  # a table of (name, value) pairs: env_params
         if not isinstance(value, list | tuple):
-            raise ConfigError(f"{path}: expected a list, got {value!r}")
-        return tuple(_coerce(f"{path}[{i}]", v, item_type) for i, v in enumerate(value))
+            wanted = "a table" if typing.get_origin(item_types[0]) is tuple else "a list"
+            raise ConfigError(f"{path}: expected {wanted}, got {value!r}")
+        if len(item_types) == 2 and item_types[1] is Ellipsis:  # tuple[X, ...]
+            item_types = (item_types[0],) * len(value)
+        elif len(value) != len(item_types):
+            raise ConfigError(f"{path}: expected {len(item_types)} items, got {value!r}")
+        return tuple(_coerce(f"{path}[{i}]", v, t)
+                     for i, (v, t) in enumerate(zip(value, item_types, strict=True)))
     if origin is dict:
         if not isinstance(value, dict):
             raise ConfigError(f"{path}: expected a table, got {value!r}")

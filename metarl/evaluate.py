@@ -103,7 +103,8 @@ def evaluate_run(run_dir: str | Path, env_ids: list[str] | None = None, seeds: i
     Args:
         run_dir: a run directory written by ``metarl evolve``.
         env_ids: environments (default: the run's own). An environment the run did not
-            train on uses the first ``[inner]`` settings with only ``env_id`` changed.
+            train on uses the first ``[inner]`` settings with ``env_id`` changed and the
+            environment's default parameters (no ``env_params``).
         seeds: held-out seeds per objective and environment.
         baselines: registered fixed objectives (default: :func:`default_baselines`).
         which: ``"mean"`` (centre of the search distribution) or ``"best"`` (best
@@ -133,7 +134,7 @@ def evaluate_run(run_dir: str | Path, env_ids: list[str] | None = None, seeds: i
     env_ids = env_ids or list(by_env)
     results = []
     for env_id in env_ids:
-        inner = by_env.get(env_id) or config.inner[0].replace(env_id=env_id)
+        inner = by_env.get(env_id) or config.inner[0].replace(env_id=env_id, env_params=())
         if total_timesteps is not None:
             inner = inner.replace(total_timesteps=total_timesteps)
         results.append(evaluate_objective(objective, meta_params, inner, config.fitness,

@@ -1,5 +1,6 @@
 """Experiment configs: every shipped file loads, bad fields are named, overrides apply."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -47,6 +48,9 @@ def test_the_expected_experiments_ship():
         ({"inner": {"hidden_sizes": [64.5]}}, "inner.hidden_sizes[0]: expected an integer"),
         ({"colour": "blue"}, "colour: unknown field"),
         ({"fitness": {"baseline_returns": [1.0, 2.0]}}, "fitness.baseline_returns: 2 values"),
+        ({"inner": {"env_params": {"gravty": 9.0}}},
+         "inner.env_params.gravty: CartPole-v1 has no such scalar parameter; allowed:"),
+        ({"inner": {"env_params": 3}}, "inner.env_params: expected a table, got 3"),
     ],
 )
 def test_bad_configs_name_the_field(data, message):
@@ -68,6 +72,20 @@ def test_overrides_parse_toml_values_and_reach_every_inner_entry():
     assert [c.num_envs for c in config.inner] == [4, 8]
     assert config.objective.options["hidden_sizes"] == [8, 8]
     assert config.run.output_dir == "/tmp/x"
+
+
+def test_env_params_table_round_trips_through_the_saved_json(tmp_path):
+    path = tmp_path / "short_episodes.toml"
+    path.write_text('[inner]\nenv_id = "CartPole-v1"\n'
+                    'env_params = { max_steps_in_episode = 200, gravity = 12 }\n')
+    config = load_config(path, ["inner.env_params.tau=0.01"])
+    assert config.inner[0].env_params == (
+        ("gravity", 12), ("max_steps_in_episode", 200), ("tau", 0.01))
+    saved = json.loads(json.dumps(config.to_dict()))
+    assert saved["inner"][0]["env_params"] == {
+        "gravity": 12, "max_steps_in_episode": 200, "tau": 0.01}
+    assert config_from_dict(saved) == config
+    assert config_from_dict({}).inner[0].env_params == ()
 
 
 def test_single_inner_table_becomes_a_tuple_and_defaults_are_pure_jax_rl():

@@ -195,6 +195,58 @@ def test_brax_time_limit_is_truncation_with_final_obs(key):
     assert 0.0 < out["obs"][limit + 1][0] < out["final_obs"][limit - 1][0]
 
 
+# ------------------------------------------------------------ environment parameters
+
+
+def test_env_params_set_the_time_limit_and_the_dynamics(key):
+    """``max_steps_in_episode`` moves Pendulum's truncation; a stronger ``g`` makes the same
+    first step from the same start swing faster."""
+    env = make_env("Pendulum-v1", {"max_steps_in_episode": 10})
+    out = rollout(env, lambda k, obs: jnp.zeros(1), key, 25)
+    assert not out["terminated"].any()
+    np.testing.assert_array_equal(np.flatnonzero(out["truncated"]), [9, 19])
+
+    def speed_change(env):
+        """θ̇ after one unforced step minus θ̇ at the reset: 3 g / (2 l) sin θ dt."""
+        obs, state = env.reset(key)
+        return env.step(key, state, jnp.zeros(1))[0][2] - obs[2]
+
+    default = speed_change(make_env("Pendulum-v1"))  # g = 10
+    heavy = speed_change(make_env("Pendulum-v1", [("g", 30.0)]))
+    assert abs(default) > 1e-3
+    np.testing.assert_allclose(heavy, 3.0 * default, rtol=1e-3)
+
+
+def test_brax_episode_length_is_an_env_param(key):
+    env = make_env("brax/fast", {"episode_length": 7})
+    out = rollout(env, lambda k, obs: jnp.ones(1), key, 16)
+    np.testing.assert_array_equal(np.flatnonzero(out["truncated"]), [6, 13])
+
+
+@pytest.mark.parametrize(
+    ("env_id", "env_params", "message"),
+    [
+        ("CartPole-v1", {"gravty": 9.0},
+         "env_params.gravty: CartPole-v1 has no such scalar parameter; allowed: "
+         "max_steps_in_episode, gravity,"),
+        ("CartPole-v1", {"max_steps_in_episode": 2.5},
+         "env_params.max_steps_in_episode: expected an integer, got 2.5"),
+        ("CartPole-v1", {"gravity": "strong"}, "env_params.gravity: expected a number"),
+        ("CartPole-v1", {"gravity": True}, "env_params.gravity: expected a number, got True"),
+        ("Acrobot-v1", {"available_torque": 1.0},
+         "env_params.available_torque: Acrobot-v1 has no such scalar parameter"),
+        ("CartPole-v1", [1, 2], "env_params: expected a table"),
+        ("brax/fast", {"gravity": 1.0}, "env_params.gravity: brax/fast has no such parameter; "
+                                        "allowed: episode_length"),
+        ("brax/fast", {"episode_length": 0}, "episode_length: expected a positive integer"),
+    ],
+)
+def test_bad_env_params_name_the_parameter(env_id, env_params, message):
+    with pytest.raises(ValueError) as error:
+        make_env(env_id, env_params)
+    assert message in str(error.value)
+
+
 # ----------------------------------------------------------- presampled resets
 
 

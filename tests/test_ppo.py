@@ -295,6 +295,15 @@ def test_defaults_are_purejaxrl_cartpole():
     assert all(x.dtype == jnp.float32 and x.shape == () for x in hypers)
 
 
+def test_env_params_reach_the_training_environment():
+    """CartPole capped at 8 steps: an untrained policy rarely falls that fast (its episodes
+    last about 20 steps uncapped), so nearly every episode is cut at 8."""
+    config = PPOConfig(env_params={"max_steps_in_episode": 8}, total_timesteps=1024)
+    metrics = jax.jit(make_train(config))(jax.random.PRNGKey(0))
+    lengths = np.asarray(metrics["episode_length"])
+    assert np.all(lengths <= 8.0) and np.all(lengths > 7.0), lengths
+
+
 # --------------------------------------------------------------------------- helpers
 
 
