@@ -126,6 +126,15 @@ def make_env(env_id: str, env_params: Mapping[str, Any] | Iterable[tuple[str, An
     return _cached_gymnax_env(env_id, pairs)
 
 
+def _integer_param(name: str, value: Any, minimum: int | None = None) -> int:
+    """``value`` as an ``int`` (``2.0`` is fine, ``2.5`` and ``True`` are not)."""
+    if (isinstance(value, bool) or not float(value).is_integer()
+            or (minimum is not None and value < minimum)):
+        wanted = "a positive integer" if minimum == 1 else "an integer"
+        raise ValueError(f"env_params.{name}: expected {wanted}, got {value!r}")
+    return int(value)
+
+
 def _with_overrides(env_id: str, params: Any, pairs: EnvParamPairs) -> Any:
     """gymnax ``params`` with the scalar fields named in ``pairs`` replaced."""
     scalars = {f.name: getattr(params, f.name) for f in dataclasses.fields(params)
@@ -142,9 +151,7 @@ def _with_overrides(env_id: str, params: Any, pairs: EnvParamPairs) -> Any:
             if not isinstance(value, bool):
                 raise ValueError(f"env_params.{name}: expected true or false, got {value!r}")
         elif isinstance(default, int):
-            if isinstance(value, bool) or not float(value).is_integer():
-                raise ValueError(f"env_params.{name}: expected an integer, got {value!r}")
-            value = int(value)
+            value = _integer_param(name, value)
         elif isinstance(value, bool):
             raise ValueError(f"env_params.{name}: expected a number, got {value!r}")
         else:
@@ -239,10 +246,7 @@ def _cached_brax_env(env_id: str, env_params: EnvParamPairs = ()) -> Env:
         if param != "episode_length":
             raise ValueError(f"env_params.{param}: {env_id} has no such parameter; "
                              "allowed: episode_length")
-        if isinstance(value, bool) or not float(value).is_integer() or value < 1:
-            raise ValueError(f"env_params.episode_length: expected a positive integer, "
-                             f"got {value!r}")
-        episode_length = int(value)
+        episode_length = _integer_param(param, value, minimum=1)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         from brax import envs as brax_envs

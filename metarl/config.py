@@ -268,11 +268,12 @@ def _coerce(path: str, value, annotation):
         return value
     if origin is tuple:
         item_types = typing.get_args(annotation)
-        if isinstance(value, dict) and typing.get_origin(item_types[0]) is tuple:
-            value = list(value.items())  # a table of (name, value) pairs: env_params
+        pairs = typing.get_origin(item_types[0]) is tuple  # env_params: a table in TOML
+        if pairs and isinstance(value, dict):
+            value = list(value.items())
         if not isinstance(value, list | tuple):
-            wanted = "a table" if typing.get_origin(item_types[0]) is tuple else "a list"
-            raise ConfigError(f"{path}: expected {wanted}, got {value!r}")
+            raise ConfigError(f"{path}: expected {'a table' if pairs else 'a list'}, "
+                              f"got {value!r}")
         if len(item_types) == 2 and item_types[1] is Ellipsis:  # tuple[X, ...]
             item_types = (item_types[0],) * len(value)
         elif len(value) != len(item_types):
