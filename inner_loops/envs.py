@@ -4,8 +4,8 @@ Everything the PPO loop needs from an environment goes through :func:`make_env`,
 returns an :class:`Env` with the same pure interface for both libraries:
 
 - ``reset(key) -> (obs, state)``
-- ``step(key, state, action, fresh=None) -> (obs, state, reward, terminated, truncated,
-  final_obs)``
+- ``step(key, state, action, fresh=None) -> EnvStep(obs, state, reward, terminated,
+  truncated, final_obs)``
 
 Episodes reset automatically. ``final_obs`` is the observation reached by the step, before
 any reset, so value targets can bootstrap from it on truncation (time limit) but not on
@@ -37,6 +37,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import struct
 
 BRAX_PREFIX = "brax/"
@@ -61,6 +62,41 @@ class EnvSpec:
     action_dim: int
     action_low: tuple[float, ...] | None = None
     action_high: tuple[float, ...] | None = None
+
+
+class EnvStep(NamedTuple):
+    """What one step of one environment returns (see the module docstring).
+
+    Attributes:
+        obs: the next observation (a fresh episode's first one where the episode ended).
+        state: the next state (likewise reset where the episode ended).
+        reward: ``[]`` float32.
+        terminated: ``[]`` the episode reached a terminal state (no bootstrap).
+        truncated: ``[]`` the episode hit its time limit without terminating (bootstrap
+            from ``final_obs``).
+        final_obs: the observation the step reached, before any reset.
+    """
+
+    obs: jax.Array
+    state: Any
+    reward: jax.Array
+    terminated: jax.Array
+    truncated: jax.Array
+    final_obs: jax.Array
+
+
+class VecEnvStep(NamedTuple):
+    """One step of ``N`` environments: :class:`EnvStep` fields with a leading ``[N]`` axis
+    (``state`` is the :class:`VecEnvState`), plus ``raw_reward [N]``, the reward before any
+    normalisation (``reward`` is normalised when asked)."""
+
+    obs: jax.Array
+    state: Any
+    reward: jax.Array
+    terminated: jax.Array
+    truncated: jax.Array
+    final_obs: jax.Array
+    raw_reward: jax.Array
 
 
 @dataclass(frozen=True)
@@ -179,8 +215,9 @@ def _cached_gymnax_env(env_id: str, env_params: EnvParamPairs = ()) -> Env:
         spec = EnvSpec(env_id, obs_shape, True, int(action_space.n))
     else:
         shape = tuple(action_space.shape) or (1,)
-        low = jnp.broadcast_to(jnp.asarray(action_space.low, jnp.float32), shape)
-        high = jnp.broadcast_to(jnp.asarray(action_space.high, jnp.float32), shape)
+        # numpy, not jnp: building an environment starts no JAX computation
+        low = np.broadcast_to(np.asarray(action_space.low, np.float32), shape)
+        high = np.broadcast_to(np.asarray(action_space.high, np.float32), shape)
         spec = EnvSpec(
             env_id,
             obs_shape,
@@ -203,10 +240,10 @@ def _cached_gymnax_env(env_id: str, env_params: EnvParamPairs = ()) -> Env:
             action = action[0]
         if own_step:
             obs, state, reward, terminated, truncated, info = env.step(key, state, action, params)
-            return (obs.astype(jnp.float32), state, reward.astype(jnp.float32),
-                    terminated.astype(jnp.bool_),
-                    jnp.logical_and(truncated, jnp.logical_not(terminated)),
-                    info["final_observation"].astype(jnp.float32))
+            return EnvStep(obs.astype(jnp.float32), state, reward.astype(jnp.float32),
+                           terminated.astype(jnp.bool_),
+                           jnp.logical_and(truncated, jnp.logical_not(terminated)),
+                           info["final_observation"].astype(jnp.float32))
         if fresh is None:
             key, reset_key = jax.random.split(key)
             fresh = reset(reset_key)
@@ -219,7 +256,7 @@ def _cached_gymnax_env(env_id: str, env_params: EnvParamPairs = ()) -> Env:
         final_obs = final_obs.astype(jnp.float32)
         obs, state = _select_reset(jnp.logical_or(terminated, truncated), fresh,
                                    (final_obs, next_state))
-        return obs, state, reward.astype(jnp.float32), terminated, truncated, final_obs
+        return EnvStep(obs, state, reward.astype(jnp.float32), terminated, truncated, final_obs)
 
     return Env(spec, reset, step)
 
@@ -270,7 +307,7 @@ def _cached_brax_env(env_id: str, env_params: EnvParamPairs = ()) -> Env:
         done = jnp.logical_or(terminated, truncated)
         obs, state = _select_reset(done, fresh,
                                    (next_state.obs, BraxState(next_state, steps)))
-        return obs, state, next_state.reward, terminated, truncated, next_state.obs
+        return EnvStep(obs, state, next_state.reward, terminated, truncated, next_state.obs)
 
     return Env(spec, reset, step)
 
@@ -372,15 +409,15 @@ class VecEnv:
         return EnvNoise(jax.random.split(step_key, shape), fresh_obs, fresh_state)
 
     def step(self, key, state: VecEnvState, actions: jax.Array, gamma: jax.Array,
-             noise: EnvNoise | None = None):
+             noise: EnvNoise | None = None) -> VecEnvStep:
         """Step all copies with ``actions [N, ...]``.
 
         ``noise`` is one step's slice of :meth:`presample`; without it the random draws
-        are made here from ``key`` (which is then the only randomness used).
+        are made here from ``key`` (which is then the only randomness used). ``gamma``
+        discounts the return whose running std scales rewards (``normalize_reward``).
 
-        Returns ``(obs [N, ...], state, reward [N], terminated [N], truncated [N],
-        final_obs [N, ...], raw_reward [N])``; ``reward`` is normalised when asked,
-        ``raw_reward`` never is (for logging episode returns).
+        Returns a :class:`VecEnvStep`; ``reward`` is normalised when asked, ``raw_reward``
+        never is (for logging episode returns).
         """
         if noise is None:
             keys, fresh = jax.random.split(key, self.num_envs), None
@@ -402,7 +439,7 @@ class VecEnv:
             state = state.replace(
                 return_stats=stats, discounted_return=jnp.where(done, 0.0, discounted)
             )
-        return obs, state, reward, terminated, truncated, final_obs, raw_reward
+        return VecEnvStep(obs, state, reward, terminated, truncated, final_obs, raw_reward)
 
 
 def make_vec_env(

@@ -1,13 +1,17 @@
-"""The objective interface: how PPO's policy and value losses are made replaceable.
+"""The objective interface: how an algorithm's losses are made replaceable.
 
-An :class:`Objective` is a pair of :class:`LossTerm` s, one for the policy and one for
-the value function. Each term owns its meta-parameters (a pytree, possibly empty) and a
-pure loss function of ``(meta_params, LossInputs) -> scalar``. The PPO loop only ever calls
-``objective.policy.loss`` and ``objective.value.loss``; it knows no specific objective.
+An algorithm has *loss slots*: PPO a ``"policy"`` slot (the surrogate objective) and a
+``"value"`` slot (the critic's regression loss); off-policy learners a ``"value"`` slot
+(the critic's TD loss). An :class:`Objective` fills some of them with :class:`LossTerm` s
+and leaves the others to the algorithm's defaults (``None``). Each term owns its
+meta-parameters (a pytree, possibly empty) and a pure loss function of
+``(meta_params, LossInputs) -> scalar``; the algorithm only ever calls
+``objective.policy_loss`` and ``objective.value_loss`` and knows no specific objective.
 
 Meta-parameters of a whole objective are ``{"policy": ..., "value": ...}``, which is what
 ``Objective.init`` returns and what ``train(key, meta_params, hypers)`` expects. Fixed
-terms use ``{}`` so that evolution strategies see only the learnable part.
+terms, and slots left to the algorithm, use ``{}`` so that evolution strategies see only
+the learnable part.
 
 Standard PPO (clipped surrogate, clipped L2 value loss) lives here because it is the
 inner loop's default; learned objectives live in :mod:`metarl.objectives`.
@@ -15,6 +19,7 @@ inner loop's default; learned objectives live in :mod:`metarl.objectives`.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -28,25 +33,30 @@ MetaParams = Any  # a pytree of arrays
 class LossInputs(NamedTuple):
     """Everything a loss term may look at, for one minibatch of ``B`` transitions.
 
+    Fields an algorithm does not have are ``None`` (an off-policy critic has no ratio or
+    advantages); a term only reads the fields of the slot it fills.
+
     Attributes:
         ratio: ``[B]`` probability ratio ``pi_new(a|s) / pi_old(a|s)``.
         log_ratio: ``[B]`` its logarithm (exact, not ``log(ratio)`` recomputed).
         advantages: ``[B]`` GAE advantages, normalised per minibatch when the config asks.
-        values: ``[B]`` critic predictions of the current parameters.
-        old_values: ``[B]`` critic predictions at rollout time.
-        targets: ``[B]`` value targets (GAE advantage + old value).
+        values: ``[B]`` critic predictions of the current parameters (Q-values for
+            off-policy critics).
+        old_values: ``[B]`` critic predictions at rollout time (PPO).
+        targets: ``[B]`` value targets (PPO: GAE advantage + old value; off-policy: the
+            bootstrapped TD target).
         clip_eps: ``[]`` PPO clip range (a traced hyperparameter).
         progress: ``[]`` fraction of training completed, ``update / num_updates`` in [0, 1).
     """
 
-    ratio: jax.Array
-    log_ratio: jax.Array
-    advantages: jax.Array
-    values: jax.Array
-    old_values: jax.Array
-    targets: jax.Array
-    clip_eps: jax.Array
-    progress: jax.Array
+    ratio: jax.Array | None = None
+    log_ratio: jax.Array | None = None
+    advantages: jax.Array | None = None
+    values: jax.Array | None = None
+    old_values: jax.Array | None = None
+    targets: jax.Array | None = None
+    clip_eps: jax.Array | None = None
+    progress: jax.Array | None = None
 
 
 @dataclass(frozen=True)
@@ -64,27 +74,59 @@ class LossTerm:
     loss: Callable[[MetaParams, LossInputs], jax.Array]
 
 
+SLOTS = ("policy", "value")
+
+
 @dataclass(frozen=True)
 class Objective:
-    """A policy loss and a value loss, each possibly learned."""
+    """Loss terms for some of an algorithm's slots, each possibly learned.
 
-    policy: LossTerm
-    value: LossTerm
+    Attributes:
+        policy: the policy loss, or ``None`` for the algorithm's own.
+        value: the value (critic) loss, or ``None`` for the algorithm's own.
+        algorithms: the algorithms it applies to; ``None``: any that has its slots.
+    """
+
+    policy: LossTerm | None = None
+    value: LossTerm | None = None
+    algorithms: tuple[str, ...] | None = None
+
+    @property
+    def slots(self) -> tuple[str, ...]:
+        """The slots this objective fills (its terms that are not ``None``)."""
+        return tuple(slot for slot in SLOTS if getattr(self, slot) is not None)
 
     @property
     def name(self) -> str:
-        return f"{self.policy.name}+{self.value.name}"
+        return "+".join(getattr(self, slot).name if getattr(self, slot) else "default"
+                        for slot in SLOTS)
+
+    def with_defaults(self, **defaults: LossTerm) -> Objective:
+        """This objective with every empty slot filled from ``defaults`` (slot -> term)."""
+        unknown = sorted(set(defaults) - set(SLOTS))
+        if unknown:
+            raise ValueError(f"with_defaults: unknown slot(s) {unknown}; slots: {SLOTS}")
+        filled = {slot: term for slot, term in defaults.items() if getattr(self, slot) is None}
+        return dataclasses.replace(self, **filled)
 
     def init(self, key: jax.Array) -> dict[str, MetaParams]:
-        """Meta-parameters ``{"policy": ..., "value": ...}`` of both terms."""
+        """Meta-parameters ``{"policy": ..., "value": ...}``; ``{}`` for an empty slot."""
         policy_key, value_key = jax.random.split(key)
-        return {"policy": self.policy.init(policy_key), "value": self.value.init(value_key)}
+        return {"policy": self.policy.init(policy_key) if self.policy else {},
+                "value": self.value.init(value_key) if self.value else {}}
 
     def policy_loss(self, meta_params: dict[str, MetaParams], inputs: LossInputs) -> jax.Array:
-        return self.policy.loss(meta_params["policy"], inputs)
+        return self._term("policy").loss(meta_params["policy"], inputs)
 
     def value_loss(self, meta_params: dict[str, MetaParams], inputs: LossInputs) -> jax.Array:
-        return self.value.loss(meta_params["value"], inputs)
+        return self._term("value").loss(meta_params["value"], inputs)
+
+    def _term(self, slot: str) -> LossTerm:
+        term = getattr(self, slot)
+        if term is None:
+            raise ValueError(f"objective {self.name!r} leaves the {slot} slot to the algorithm; "
+                             "fill it with with_defaults() before training")
+        return term
 
 
 def no_meta_params(key: jax.Array) -> dict:
@@ -126,4 +168,4 @@ def clipped_l2() -> LossTerm:
 
 def ppo_objective() -> Objective:
     """Standard PPO: clipped surrogate and clipped L2 value loss, no meta-parameters."""
-    return Objective(policy=ppo_clip(), value=clipped_l2())
+    return Objective(policy=ppo_clip(), value=clipped_l2(), algorithms=("ppo",))

@@ -1,13 +1,17 @@
-"""PPO as one pure, jittable function: ``make_train(config, objective) -> train``.
+"""PPO on the inner-loop contract: ``build(config, objective) -> Learner``.
 
-``train(key, meta_params, hypers)`` builds the environments, the networks and the
-optimiser, and runs ``num_updates`` PPO updates in a single ``lax.scan``: rollout, GAE,
-``update_epochs`` passes of minibatch gradient steps. It returns per-update summaries
-(never per-step buffers), so ``jit(vmap(train))`` trains a whole population at once.
+``init(key, meta_params, hypers)`` builds the environments, the networks and the optimiser
+state of one agent (:class:`PPOState`); ``advance(state, meta_params, hypers, k)`` runs ``k``
+PPO updates in a single ``lax.scan``: rollout, GAE, ``update_epochs`` passes of minibatch
+gradient steps. It returns per-update summaries (never per-step buffers), so
+``jit(vmap(learner.train))`` trains a whole population at once. See
+:mod:`inner_loops.learner` for the contract.
 
 Shape-setting settings (env, batch sizes, network widths) live in :class:`PPOConfig` and are
 static. Numeric hyperparameters live in :class:`Hyperparams`: traced arrays, so a population
-can vary them under ``vmap``. The losses come from an :class:`~inner_loops.objective.Objective`.
+can vary them under ``vmap``. The losses come from an :class:`~inner_loops.objective.Objective`
+filling the ``"policy"`` and ``"value"`` slots; empty slots get PPO's clipped surrogate and
+clipped value loss.
 """
 
 from __future__ import annotations
@@ -22,8 +26,18 @@ import optax
 from flax import struct
 
 from inner_loops import networks
-from inner_loops.envs import EnvParamPairs, env_param_pairs, make_env, make_vec_env
-from inner_loops.objective import LossInputs, Objective, ppo_objective
+from inner_loops.envs import EnvParamPairs, VecEnvState, env_param_pairs, make_vec_env
+from inner_loops.learner import Learner
+from inner_loops.objective import LossInputs, Objective, clipped_l2, ppo_clip
+from inner_loops.registry import register_algorithm
+from inner_loops.validation import (
+    check_choice,
+    check_in_range,
+    check_non_negative,
+    check_positive,
+    check_positive_int,
+    check_widths,
+)
 
 POLICIES = ("auto", "categorical", "gaussian")
 
@@ -31,6 +45,10 @@ POLICIES = ("auto", "categorical", "gaussian")
 @dataclass(frozen=True)
 class PPOConfig:
     """Settings of one PPO agent. Defaults are PureJaxRL's CartPole-v1 settings.
+
+    Building a config checks every field but builds no environment and starts no JAX
+    computation; checks that need the environment (does ``env_id`` exist, does ``policy``
+    fit its actions) run when the learner is built, and name the field too.
 
     Attributes:
         env_id: gymnax id (``CartPole-v1``, ``Breakout-MinAtar``, ...) or ``brax/<name>``.
@@ -45,7 +63,8 @@ class PPOConfig:
         hidden_sizes: widths of the hidden layers of both actor and critic.
         activation: ``"tanh"`` or ``"relu"``.
         policy: ``"auto"`` (from the action space), ``"categorical"`` or ``"gaussian"``.
-        anneal_lr: decay the learning rate linearly to zero over training.
+        anneal_lr: decay the learning rate linearly to zero over training (by the update
+            counter in the agent's state, so training in segments anneals the same way).
         normalize_obs: running mean/std observation normalisation (continuous control).
         normalize_reward: scale rewards by the running std of the discounted return.
         normalize_advantages: standardise advantages per minibatch.
@@ -76,23 +95,14 @@ class PPOConfig:
     max_grad_norm: float = 0.5
 
     def __post_init__(self):
-        widths = tuple(self.hidden_sizes)
-        if not all(isinstance(h, int) and not isinstance(h, bool) for h in widths):
-            raise ValueError(f"hidden_sizes: widths must be integers, got {self.hidden_sizes}")
-        object.__setattr__(self, "hidden_sizes", widths)
+        if not isinstance(self.env_id, str) or not self.env_id:
+            raise ValueError(f"env_id: expected an environment id, got {self.env_id!r}")
+        object.__setattr__(self, "hidden_sizes", check_widths("hidden_sizes", self.hidden_sizes))
         for name in ("num_envs", "num_steps", "total_timesteps", "update_epochs",
                      "num_minibatches"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name}: must be a positive integer, got {value!r}")
-        if any(h < 1 for h in self.hidden_sizes):
-            raise ValueError(f"hidden_sizes: widths must be positive, got {self.hidden_sizes}")
-        if self.activation not in networks.ACTIVATIONS:
-            raise ValueError(
-                f"activation: got {self.activation!r}; allowed: {', '.join(networks.ACTIVATIONS)}"
-            )
-        if self.policy not in POLICIES:
-            raise ValueError(f"policy: got {self.policy!r}; allowed: {', '.join(POLICIES)}")
+            check_positive_int(name, getattr(self, name))
+        check_choice("activation", self.activation, networks.ACTIVATIONS)
+        check_choice("policy", self.policy, POLICIES)
         if self.batch_size % self.num_minibatches:
             divisors = [d for d in range(1, self.batch_size + 1) if self.batch_size % d == 0]
             raise ValueError(
@@ -106,27 +116,12 @@ class PPOConfig:
                 f"(num_envs * num_steps = {self.batch_size})"
             )
         for name in ("gamma", "gae_lambda"):
-            if not 0.0 <= getattr(self, name) <= 1.0:
-                raise ValueError(f"{name}: must lie in [0, 1], got {getattr(self, name)}")
+            check_in_range(name, getattr(self, name), 0.0, 1.0)
         for name in ("learning_rate", "clip_eps", "max_grad_norm"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name}: must be positive, got {getattr(self, name)}")
+            check_positive(name, getattr(self, name))
         for name in ("ent_coef", "vf_coef"):
-            if not getattr(self, name) >= 0:
-                raise ValueError(f"{name}: must be >= 0, got {getattr(self, name)}")
+            check_non_negative(name, getattr(self, name))
         object.__setattr__(self, "env_params", env_param_pairs(self.env_params))
-        # raises ValueError naming env_id, or the parameter, if unknown
-        spec = make_env(self.env_id, self.env_params).spec
-        if spec.discrete and self.policy == "gaussian":
-            raise ValueError(
-                f"policy: 'gaussian' needs continuous actions but {self.env_id} is discrete; "
-                "allowed here: auto, categorical"
-            )
-        if not spec.discrete and self.policy == "categorical":
-            raise ValueError(
-                f"policy: 'categorical' needs discrete actions but {self.env_id} is continuous; "
-                "allowed here: auto, gaussian"
-            )
 
     @property
     def batch_size(self) -> int:
@@ -197,6 +192,35 @@ class EpisodeStats:
     running_length: jax.Array
 
 
+@struct.dataclass
+class PPOState:
+    """Everything one PPO agent carries from update to update (the contract's state).
+
+    Attributes:
+        params: actor-critic parameters.
+        opt_state: Adam's state (with the gradient clip's).
+        env_state: the :class:`~inner_loops.envs.VecEnvState` of ``N`` environments,
+            including the observation and reward normalisers.
+        obs: ``[N, *obs_shape]`` current observations.
+        episodes: returns and lengths of the unfinished episodes ``[N]``.
+        last_return: ``[]`` mean return of the episodes finished most recently (NaN before
+            the first), what an update without finished episodes reports.
+        last_length: ``[]`` their mean length.
+        key: PRNG key of the next update.
+        update_count: ``[]`` int32 updates done; annealing reads it.
+    """
+
+    params: Any
+    opt_state: Any
+    env_state: VecEnvState
+    obs: jax.Array
+    episodes: EpisodeStats
+    last_return: jax.Array
+    last_length: jax.Array
+    key: jax.Array
+    update_count: jax.Array
+
+
 def compute_gae(
     rewards: jax.Array,
     values: jax.Array,
@@ -230,33 +254,52 @@ def compute_gae(
     return advantages, advantages + values
 
 
-def make_train(config: PPOConfig, objective: Objective | None = None):
-    """Build ``train(key, meta_params=None, hypers=None) -> metrics``.
+def _optimizer(hypers: Hyperparams) -> optax.GradientTransformation:
+    """Clip by global norm, then Adam at unit step size (the learning rate is applied per
+    update, so annealing and per-agent rates stay traced)."""
+    return optax.chain(
+        optax.clip_by_global_norm(hypers.max_grad_norm), optax.scale_by_adam(eps=1e-5)
+    )
+
+
+def _check_policy_fits(config: PPOConfig, discrete: bool) -> None:
+    if discrete and config.policy == "gaussian":
+        raise ValueError(
+            f"policy: 'gaussian' needs continuous actions but {config.env_id} is discrete; "
+            "allowed here: auto, categorical"
+        )
+    if not discrete and config.policy == "categorical":
+        raise ValueError(
+            f"policy: 'categorical' needs discrete actions but {config.env_id} is "
+            "continuous; allowed here: auto, gaussian"
+        )
+
+
+def build(config: PPOConfig, objective: Objective | None = None) -> Learner:
+    """The PPO :class:`~inner_loops.learner.Learner` of ``config`` and ``objective``.
 
     Args:
         config: static settings (shapes, environment).
-        objective: policy and value losses; standard PPO when ``None``.
+        objective: losses for the ``"policy"`` and ``"value"`` slots; empty slots (and
+            ``None``) get PPO's clipped surrogate and clipped value loss.
 
-    The returned ``train`` is pure and unjitted, so callers compose ``jit`` and ``vmap``:
+    Raises ``ValueError`` naming ``env_id``, ``env_params`` or ``policy`` when the
+    environment does not exist or does not fit.
 
-    - ``key``: ``[2]`` PRNG key (or a typed key ``[]``).
-    - ``meta_params``: the objective's meta-parameters; ``objective.init(PRNGKey(0))`` when
-      ``None``.
-    - ``hypers``: :class:`Hyperparams`; ``config.hyperparams()`` when ``None``.
-
-    Returns a dict of ``[num_updates]`` arrays: ``episode_return`` and ``episode_length``
-    (mean over episodes finished during the update, carried forward when none finished, NaN
-    before the first), ``episodes`` (finished during the update), ``policy_loss``,
-    ``value_loss``, ``entropy``, ``approx_kl``, ``clip_fraction`` (means over the update's
-    minibatches), ``learning_rate`` and ``finite`` (every loss of the update was finite).
+    Metrics (each ``[num_updates]``): ``episode_return`` and ``episode_length`` (mean over
+    episodes finished during the update, carried forward when none finished, NaN before
+    the first), ``episodes`` (finished during the update), ``policy_loss``, ``value_loss``,
+    ``entropy``, ``approx_kl``, ``clip_fraction`` (means over the update's minibatches),
+    ``learning_rate`` and ``finite`` (every loss of the update was finite).
     """
-    objective = objective if objective is not None else ppo_objective()
+    objective = (objective or Objective()).with_defaults(policy=ppo_clip(), value=clipped_l2())
     vec_env = make_vec_env(
         config.env_id, config.num_envs, config.normalize_obs, config.normalize_reward,
         config.env_params,
     )
     spec = vec_env.spec
     discrete = spec.discrete
+    _check_policy_fits(config, discrete)
     network = networks.ActorCritic(
         action_dim=spec.action_dim,
         discrete=discrete,
@@ -269,9 +312,8 @@ def make_train(config: PPOConfig, objective: Objective | None = None):
     else:
         action_low = jnp.asarray(spec.action_low, jnp.float32)
         action_high = jnp.asarray(spec.action_high, jnp.float32)
-    num_updates = config.num_updates
+    total_updates = config.num_updates
     num_envs, num_steps = config.num_envs, config.num_steps
-    default_meta_params = objective.init(jax.random.PRNGKey(0))
 
     def loss_fn(params, meta_params, hypers, progress, minibatch: Minibatch):
         logits_or_mean, log_std, values = network.apply(params, minibatch.obs)
@@ -304,18 +346,26 @@ def make_train(config: PPOConfig, objective: Objective | None = None):
         }
         return total, diagnostics
 
-    def train(key, meta_params=None, hypers=None):
-        meta_params = default_meta_params if meta_params is None else meta_params
-        hypers = config.hyperparams() if hypers is None else hypers
-        optimizer = optax.chain(
-            optax.clip_by_global_norm(hypers.max_grad_norm), optax.scale_by_adam(eps=1e-5)
-        )
+    def init(key, meta_params, hypers) -> PPOState:
+        del meta_params
         key, init_key, reset_key = jax.random.split(key, 3)
         obs, env_state = vec_env.reset(reset_key)
         params = network.init(init_key, obs)
-        opt_state = optimizer.init(params)
-        episodes = EpisodeStats(jnp.zeros(num_envs), jnp.zeros(num_envs))
         nan = jnp.full((), jnp.nan, jnp.float32)
+        return PPOState(
+            params=params,
+            opt_state=_optimizer(hypers).init(params),
+            env_state=env_state,
+            obs=obs,
+            episodes=EpisodeStats(jnp.zeros(num_envs), jnp.zeros(num_envs)),
+            last_return=nan,
+            last_length=nan,
+            key=key,
+            update_count=jnp.zeros((), jnp.int32),
+        )
+
+    def advance(state: PPOState, meta_params, hypers, num_updates: int):
+        optimizer = _optimizer(hypers)
 
         def env_step(carry, noise):
             params, env_state, obs, episodes = carry
@@ -324,38 +374,36 @@ def make_train(config: PPOConfig, objective: Objective | None = None):
             action, log_prob = networks.action_from_noise(action_noise, discrete,
                                                           logits_or_mean, log_std)
             env_action = action if discrete else jnp.clip(action, action_low, action_high)
-            next_obs, env_state, reward, terminated, truncated, final_obs, raw_reward = (
-                vec_env.step(None, env_state, env_action, hypers.gamma, env_noise)
-            )
-            done = jnp.logical_or(terminated, truncated)
-            running_return = episodes.running_return + raw_reward
+            step = vec_env.step(None, env_state, env_action, hypers.gamma, env_noise)
+            done = jnp.logical_or(step.terminated, step.truncated)
+            running_return = episodes.running_return + step.raw_reward
             running_length = episodes.running_length + 1
             finished = (done, running_return, running_length)
             episodes = EpisodeStats(
                 jnp.where(done, 0.0, running_return), jnp.where(done, 0.0, running_length)
             )
-            transition = Transition(obs, action, log_prob, value, reward, terminated, done,
-                                    final_obs)
-            return (params, env_state, next_obs, episodes), (transition, finished)
+            transition = Transition(obs, action, log_prob, value, step.reward, step.terminated,
+                                    done, step.final_obs)
+            return (params, step.state, step.obs, episodes), (transition, finished)
 
-        def update(carry, update_index):
-            params, opt_state, env_state, obs, episodes, last_return, last_length, key = carry
-            key, action_key, env_key, epoch_key = jax.random.split(key, 4)
+        def update(state: PPOState, _):
+            key, action_key, env_key, epoch_key = jax.random.split(state.key, 4)
             # every random draw of the rollout is made here, in a few batched calls
             noise = (
                 networks.action_noise(action_key, discrete,
                                       (num_steps, num_envs, spec.action_dim)),
                 vec_env.presample(env_key, num_steps),
             )
+            params = state.params
             (_, env_state, obs, episodes), (rollout, finished) = jax.lax.scan(
-                env_step, (params, env_state, obs, episodes), noise
+                env_step, (params, state.env_state, state.obs, state.episodes), noise
             )
             next_values = network.apply(params, rollout.final_obs, method=network.value)
             advantages, targets = compute_gae(
                 rollout.reward, rollout.value, next_values, rollout.terminated, rollout.done,
                 hypers.gamma, hypers.gae_lambda,
             )
-            progress = update_index / num_updates
+            progress = state.update_count / total_updates
             learning_rate = hypers.learning_rate
             if config.anneal_lr:
                 learning_rate = learning_rate * (1.0 - progress)
@@ -382,17 +430,18 @@ def make_train(config: PPOConfig, objective: Objective | None = None):
                 return jax.lax.scan(minibatch_step, carry, minibatches)
 
             (params, opt_state), diagnostics = jax.lax.scan(
-                epoch, (params, opt_state), jax.random.split(epoch_key, config.update_epochs)
+                epoch, (params, state.opt_state),
+                jax.random.split(epoch_key, config.update_epochs),
             )
             done, returns, lengths = finished
             count = done.sum()
             mean_return = jnp.where(
                 count > 0, jnp.sum(jnp.where(done, returns, 0.0)) / jnp.maximum(count, 1),
-                last_return,
+                state.last_return,
             )
             mean_length = jnp.where(
                 count > 0, jnp.sum(jnp.where(done, lengths, 0.0)) / jnp.maximum(count, 1),
-                last_length,
+                state.last_length,
             )
             summary = {k: v.mean() for k, v in diagnostics.items()}
             summary["finite"] = jnp.all(
@@ -404,14 +453,33 @@ def make_train(config: PPOConfig, objective: Objective | None = None):
                 episodes=count,
                 learning_rate=learning_rate,
             )
-            carry = (params, opt_state, env_state, obs, episodes, mean_return, mean_length, key)
-            return carry, summary
+            state = PPOState(
+                params=params, opt_state=opt_state, env_state=env_state, obs=obs,
+                episodes=episodes, last_return=mean_return, last_length=mean_length, key=key,
+                update_count=state.update_count + 1,
+            )
+            return state, summary
 
-        carry = (params, opt_state, env_state, obs, episodes, nan, nan, key)
-        _, metrics = jax.lax.scan(update, carry, jnp.arange(num_updates))
-        return metrics
+        return jax.lax.scan(update, state, None, length=num_updates)
 
-    return train
+    return Learner(
+        algorithm="ppo",
+        config=config,
+        objective=objective,
+        spec=spec,
+        num_updates=total_updates,
+        steps_per_update=config.batch_size,
+        init_fn=init,
+        advance_fn=advance,
+        default_meta_params=objective.init(jax.random.PRNGKey(0)),
+        default_hypers=config.hyperparams(),
+    )
+
+
+def make_train(config: PPOConfig, objective: Objective | None = None):
+    """``train(key, meta_params=None, hypers=None) -> metrics`` of :func:`build`: a pure,
+    unjitted function, so callers compose ``jit`` and ``vmap``."""
+    return build(config, objective).train
 
 
 # Up to 2**12 indices the packed sort below leaves >= 20 random bits per key.
@@ -436,29 +504,7 @@ def shuffled_indices(key: jax.Array, n: int) -> jax.Array:
     return (jnp.sort(packed) & ((1 << bits) - 1)).astype(jnp.int32)
 
 
-def stack_hyperparams(hypers: list[Hyperparams]) -> Hyperparams:
-    """Stack per-agent hyperparameters into ``[P]`` arrays."""
-    return jax.tree.map(lambda *xs: jnp.stack(xs), *hypers)
-
-
-def broadcast_to_population(tree: Any, population_size: int) -> Any:
-    """Repeat every leaf of ``tree`` along a new leading axis of ``population_size``."""
-    return jax.tree.map(
-        lambda x: jnp.broadcast_to(jnp.asarray(x), (population_size, *jnp.shape(x))), tree
-    )
-
-
-def train_population(train, keys, meta_params, hypers, chunk_size: int | None = None):
-    """Train ``P`` agents: every argument has a leading population axis ``[P, ...]``.
-
-    With ``chunk_size`` smaller than ``P``, agents are trained ``chunk_size`` at a time
-    (``lax.map`` over vmapped chunks, the remainder in one smaller chunk), which bounds
-    memory by the chunk instead of the population. Returns metrics ``[P, num_updates]``.
-    """
-    population_size = jax.tree.leaves(keys)[0].shape[0]
-    args = (keys, meta_params, hypers)
-    if chunk_size is None or chunk_size >= population_size:
-        return jax.vmap(train)(*args)
-    if chunk_size < 1:
-        raise ValueError(f"chunk_size: must be a positive integer, got {chunk_size}")
-    return jax.lax.map(lambda a: train(*a), args, batch_size=chunk_size)
+register_algorithm(
+    "ppo", PPOConfig, build, slots=("policy", "value"),
+    description="PPO (PureJaxRL-style): clipped surrogate, GAE, minibatch epochs",
+)

@@ -1,8 +1,8 @@
 """``metarl evolve | resume | evaluate | plot`` — the command line of the toolkit.
 
-For several processes (one per node), start ``python -m metarl.distributed evolve ...``: it
-initialises ``jax.distributed`` and then runs this same command line; only process 0 writes
-files and prints.
+For several processes (one per node), start ``metarl --distributed evolve ...`` in each:
+it initialises ``jax.distributed`` (:mod:`metarl.distributed`) and then runs the command;
+only process 0 writes files and prints.
 
 On the CPU the command line exposes one JAX device per core (``--cpu-devices``), and runs
 shard their population over every device (``run.shard``, on by default), so all cores work.
@@ -87,6 +87,12 @@ def build_parser() -> argparse.ArgumentParser:
         prog="metarl", description="Discover RL objectives by evolution."
     )
     parser.add_argument(
+        "--distributed", action="store_true",
+        help="join a multi-process run (one process per host) with jax.distributed before "
+             "the command: the cluster is detected (SLURM, ...) or read from "
+             "METARL_COORDINATOR, METARL_NUM_PROCESSES and METARL_PROCESS_ID",
+    )
+    parser.add_argument(
         "--cpu-devices", type=int, default=None, metavar="N",
         help="JAX CPU devices to expose (default: one per core, unless JAX_NUM_CPU_DEVICES "
              "or XLA_FLAGS already set a count); a sharded run splits its population over "
@@ -153,6 +159,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.cpu_devices is not None:
             parser.error("--cpu-devices: JAX has already started in this process; call "
                          "metarl.sharding.use_cpu_cores() before its first computation")
+    if args.distributed:
+        try:
+            distributed.initialize()
+        except ValueError as error:
+            parser.error(f"--distributed: {error}")
     from metarl.checkpoint import CheckpointError
     from metarl.config import ConfigError
     from metarl.run import RunError
@@ -162,6 +173,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, RunError, CheckpointError) as error:
         print(f"metarl {args.command}: error: {error}", file=sys.stderr)
         return 2
+    finally:
+        if args.distributed:
+            distributed.shutdown()
 
 
 if __name__ == "__main__":

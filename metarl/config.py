@@ -7,14 +7,18 @@ An experiment file has five tables; every field is documented on its dataclass b
     name = "value_distance_cartpole"
     [objective]              # ObjectiveConfig: which learned loss to evolve
     name = "value_distance"
-    [inner]                  # PPOConfig: the inner PPO (use [[inner]] several times for
-    env_id = "CartPole-v1"   # fitness over several environments)
+    [inner]                  # the inner loop: algorithm = "ppo" (default) and the fields of
+    env_id = "CartPole-v1"   # its config class, e.g. PPOConfig (use [[inner]] several
+                             # times for fitness over several environments)
     [es]                     # ESConfig: the evolution strategy
     [fitness]                # FitnessConfig: how training runs become a fitness
     [run]                    # RunConfig: seeds, chunking, checkpoints, output
 
-Unknown fields, wrong types and bad values raise :class:`ConfigError` (a ``ValueError``)
-naming the dotted path of the field, e.g. ``es.population_size``.
+Unknown fields, wrong types and bad values (NaN and infinite numbers included) raise
+:class:`ConfigError` (a ``ValueError``) naming the dotted path of the field, e.g.
+``es.population_size``. Building a config builds no environment and starts no JAX
+computation: checks that need the environment run when the learners are built
+(:class:`metarl.evolution.Evolution`), and name the field too.
 """
 
 from __future__ import annotations
@@ -22,12 +26,23 @@ from __future__ import annotations
 import dataclasses
 import json
 import tomllib
+import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from inner_loops.population import AUTO, check_chunk_size
 from inner_loops.ppo import PPOConfig
+from inner_loops.registry import DEFAULT_ALGORITHM, algorithm_of, get_algorithm
+from inner_loops.validation import (
+    check_choice,
+    check_finite,
+    check_in_range,
+    check_non_negative_int,
+    check_positive,
+    check_positive_int,
+)
 
 STRATEGIES = ("Open_ES", "SNES", "CMA_ES", "Sep_CMA_ES", "PGPE")
 ANTITHETIC_STRATEGIES = ("Open_ES", "PGPE")
@@ -95,10 +110,10 @@ class ESConfig:
     fitness_shaping: str = "centered_rank"
 
     def __post_init__(self):
-        _check_choice("es.strategy", self.strategy, STRATEGIES)
-        _check_choice("es.fitness_shaping", self.fitness_shaping, FITNESS_SHAPINGS)
-        _check_positive_int("es.population_size", self.population_size)
-        _check_positive_int("es.generations", self.generations)
+        check_choice("es.strategy", self.strategy, STRATEGIES, ConfigError)
+        check_choice("es.fitness_shaping", self.fitness_shaping, FITNESS_SHAPINGS, ConfigError)
+        check_positive_int("es.population_size", self.population_size, ConfigError)
+        check_positive_int("es.generations", self.generations, ConfigError)
         if self.strategy in ANTITHETIC_STRATEGIES and self.population_size % 2:
             raise ConfigError(
                 f"es.population_size: {self.strategy} samples antithetic pairs, so the "
@@ -107,11 +122,10 @@ class ESConfig:
         if self.population_size < 2:
             raise ConfigError("es.population_size: needs at least 2 candidates to rank")
         for name in ("sigma", "learning_rate", "sigma_min"):
-            if not getattr(self, name) > 0:
-                raise ConfigError(f"es.{name}: must be positive, got {getattr(self, name)}")
+            check_positive(f"es.{name}", getattr(self, name), ConfigError)
         for name in ("sigma_decay", "learning_rate_decay"):
-            if not 0 < getattr(self, name) <= 1:
-                raise ConfigError(f"es.{name}: must lie in (0, 1], got {getattr(self, name)}")
+            check_in_range(f"es.{name}", getattr(self, name), 0.0, 1.0, low_open=True,
+                           error=ConfigError)
 
 
 @dataclass(frozen=True)
@@ -143,14 +157,14 @@ class FitnessConfig:
     baseline_seeds: int = 4
 
     def __post_init__(self):
-        _check_choice("fitness.metric", self.metric, FITNESS_METRICS)
-        _check_positive_int("fitness.seeds_per_candidate", self.seeds_per_candidate)
-        _check_positive_int("fitness.baseline_seeds", self.baseline_seeds)
-        if not 0 < self.final_fraction <= 1:
-            raise ConfigError(
-                f"fitness.final_fraction: must lie in (0, 1], got {self.final_fraction}"
-            )
-        object.__setattr__(self, "baseline_returns", tuple(map(float, self.baseline_returns)))
+        check_choice("fitness.metric", self.metric, FITNESS_METRICS, ConfigError)
+        check_positive_int("fitness.seeds_per_candidate", self.seeds_per_candidate, ConfigError)
+        check_positive_int("fitness.baseline_seeds", self.baseline_seeds, ConfigError)
+        check_in_range("fitness.final_fraction", self.final_fraction, 0.0, 1.0, low_open=True,
+                       error=ConfigError)
+        object.__setattr__(self, "baseline_returns", tuple(
+            check_finite(f"fitness.baseline_returns[{i}]", b, ConfigError)
+            for i, b in enumerate(self.baseline_returns)))
         if any(b == 0 for b in self.baseline_returns):
             raise ConfigError("fitness.baseline_returns: a baseline of 0 cannot normalise")
 
@@ -162,9 +176,9 @@ class RunConfig:
     Attributes:
         seed: master random seed of the run (ES sampling and agent seeds).
         chunk_size: train at most this many agents at once, per device; bounds memory for
-            large populations. 0 (default): 16 per CPU device, which keeps throughput from
-            falling as the population grows, and everything at once on accelerators
-            (:func:`metarl.sharding.default_chunk_size`).
+            large populations. ``"auto"`` (default): 16 per CPU device, which keeps
+            throughput from falling as the population grows, and everything at once on
+            accelerators (:mod:`inner_loops.population`).
         shard: split each generation's candidates × seeds over every visible device (all
             processes under ``jax.distributed``; see ``docs/scaling.md``); results equal
             the unsharded run to float rounding, which long runs amplify. On by default;
@@ -177,7 +191,7 @@ class RunConfig:
     """
 
     seed: int = 0
-    chunk_size: int = 0
+    chunk_size: int | str = AUTO
     checkpoint_every: int = 1
     keep_checkpoints: int = 3
     output_dir: str = "runs"
@@ -187,12 +201,13 @@ class RunConfig:
     def __post_init__(self):
         if not isinstance(self.shard, bool):
             raise ConfigError(f"run.shard: expected true or false, got {self.shard!r}")
-        if not isinstance(self.seed, int) or self.seed < 0:
-            raise ConfigError(f"run.seed: must be a non-negative integer, got {self.seed!r}")
-        if not isinstance(self.chunk_size, int) or self.chunk_size < 0:
-            raise ConfigError(f"run.chunk_size: must be >= 0, got {self.chunk_size!r}")
-        _check_positive_int("run.checkpoint_every", self.checkpoint_every)
-        _check_positive_int("run.keep_checkpoints", self.keep_checkpoints)
+        check_non_negative_int("run.seed", self.seed, ConfigError)
+        try:
+            check_chunk_size(self.chunk_size)
+        except ValueError as error:
+            raise ConfigError(f"run.{error}") from None
+        check_positive_int("run.checkpoint_every", self.checkpoint_every, ConfigError)
+        check_positive_int("run.keep_checkpoints", self.keep_checkpoints, ConfigError)
 
 
 @dataclass(frozen=True)
@@ -203,7 +218,8 @@ class ExperimentConfig:
         name: used for the run directory.
         description: free text.
         objective: see :class:`ObjectiveConfig`.
-        inner: one :class:`~inner_loops.ppo.PPOConfig` per environment of the fitness.
+        inner: one algorithm config (a registered config class, e.g.
+            :class:`~inner_loops.ppo.PPOConfig`) per environment of the fitness.
         es: see :class:`ESConfig`.
         fitness: see :class:`FitnessConfig`.
         run: see :class:`RunConfig`.
@@ -212,16 +228,22 @@ class ExperimentConfig:
     name: str = "experiment"
     description: str = ""
     objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
-    inner: tuple[PPOConfig, ...] = (PPOConfig(),)
+    inner: tuple[Any, ...] = (PPOConfig(),)
     es: ESConfig = field(default_factory=ESConfig)
     fitness: FitnessConfig = field(default_factory=FitnessConfig)
     run: RunConfig = field(default_factory=RunConfig)
 
     def __post_init__(self):
-        if isinstance(self.inner, PPOConfig):
+        if not isinstance(self.inner, list | tuple):
             object.__setattr__(self, "inner", (self.inner,))
+        object.__setattr__(self, "inner", tuple(self.inner))
         if not self.inner:
             raise ConfigError("inner: at least one environment is needed")
+        for entry in self.inner:
+            try:
+                algorithm_of(entry)
+            except ValueError as error:
+                raise ConfigError(f"inner: {error}") from None
         env_ids = [cfg.env_id for cfg in self.inner]
         if len(set(env_ids)) != len(env_ids):
             raise ConfigError(f"inner: environments repeat: {env_ids}")
@@ -235,8 +257,8 @@ class ExperimentConfig:
     def to_dict(self) -> dict[str, Any]:
         """Plain-JSON form that :func:`config_from_dict` reads back to an equal config."""
         data = dataclasses.asdict(self)
-        data["inner"] = [{**dataclasses.asdict(cfg), "env_params": dict(cfg.env_params)}
-                         for cfg in self.inner]
+        data["inner"] = [{"algorithm": algorithm_of(cfg).name, **dataclasses.asdict(cfg),
+                          "env_params": dict(cfg.env_params)} for cfg in self.inner]
         return _plain(data)
 
     def replace(self, **changes) -> ExperimentConfig:
@@ -251,21 +273,11 @@ def _plain(value):
     return value
 
 
-def _check_choice(path: str, value, allowed) -> None:
-    if value not in allowed:
-        raise ConfigError(f"{path}: got {value!r}; allowed: {', '.join(allowed)}")
-
-
-def _check_positive_int(path: str, value) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ConfigError(f"{path}: must be a positive integer, got {value!r}")
-
-
 def _coerce(path: str, value, annotation):
     """Check ``value`` against a field's type, converting lists to tuples and ints to floats."""
     origin = typing.get_origin(annotation)
-    if annotation is Any:
-        return value
+    if annotation is Any or origin is types.UnionType:
+        return value  # the dataclass's own checks decide
     if origin is tuple:
         item_types = typing.get_args(annotation)
         pairs = typing.get_origin(item_types[0]) is tuple  # env_params: a table in TOML
@@ -285,9 +297,7 @@ def _coerce(path: str, value, annotation):
             raise ConfigError(f"{path}: expected a table, got {value!r}")
         return dict(value)
     if annotation is float:
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ConfigError(f"{path}: expected a number, got {value!r}")
-        return float(value)
+        return check_finite(path, value, ConfigError)
     if annotation is int:
         if isinstance(value, float) and value.is_integer():
             value = int(value)  # allow 1e5 in TOML for step counts
@@ -343,10 +353,33 @@ def config_from_dict(data: dict[str, Any]) -> ExperimentConfig:
         if not isinstance(entries, list):
             raise ConfigError(f"inner: expected a table or a list of tables, got {inner!r}")
         kwargs["inner"] = tuple(
-            _build(PPOConfig, entry, f"inner[{i}]" if len(entries) > 1 else "inner")
+            _build_inner(entry, f"inner[{i}]" if len(entries) > 1 else "inner")
             for i, entry in enumerate(entries)
         )
     return _build(ExperimentConfig, {**data, **kwargs}, "")
+
+
+def _build_inner(entry: Any, path: str):
+    """One ``[inner]`` table: ``algorithm`` (default ``"ppo"``) picks the config class."""
+    if not isinstance(entry, dict):
+        raise ConfigError(f"{path}: expected a table, got {entry!r}")
+    entry = dict(entry)
+    name = entry.pop("algorithm", DEFAULT_ALGORITHM)
+    try:
+        algorithm = get_algorithm(name)
+    except ValueError as error:
+        raise ConfigError(f"{path}.{error}") from None
+    return _build(algorithm.config_class, entry, path)
+
+
+def upgrade_saved_config(data: dict[str, Any]) -> dict[str, Any]:
+    """A run's saved ``config.json`` data in today's form: runs written by metarl 0.1 say
+    ``run.chunk_size = 0`` for what is now ``"auto"``, and name no ``algorithm`` (PPO)."""
+    data = json.loads(json.dumps(data))
+    run = data.get("run")
+    if isinstance(run, dict) and run.get("chunk_size") == 0:
+        run["chunk_size"] = AUTO
+    return data
 
 
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:

@@ -19,17 +19,15 @@ Settings, from the arguments of :func:`initialize` or else the environment:
 
 When none is given, :func:`jax.distributed.initialize` auto-detects the cluster (SLURM,
 Open MPI, Kubernetes, Cloud TPU). Under SLURM with one task per node, every GPU of the node
-is used (JAX alone would give each process one GPU). From the shell::
+is used (JAX alone would give each process one GPU). From the shell, the command line's
+``--distributed`` flag calls :func:`initialize` first::
 
-    python -m metarl.distributed evolve experiments/x.toml --set run.shard=true
-
-initialises distributed mode and then runs the usual ``metarl`` command line.
+    srun metarl --distributed evolve experiments/x.toml
 """
 
 from __future__ import annotations
 
 import os
-import sys
 
 import jax
 
@@ -215,18 +213,3 @@ def agree(text: str, max_bytes: int = 4096) -> str:
     shared = np.asarray(multihost_utils.broadcast_one_to_all(buffer))
     size = int(np.frombuffer(shared[:4].tobytes(), np.uint32)[0])
     return shared[4:4 + size].tobytes().decode()
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m metarl.distributed <metarl command ...>``: initialise, then run the CLI."""
-    initialize()
-    from metarl.cli import main as cli_main
-
-    try:
-        return cli_main(argv)
-    finally:
-        shutdown()
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -18,26 +18,23 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import optax
-from evosax.algorithms import CMA_ES, PGPE, SNES, Open_ES, Sep_CMA_ES
-from evosax.core.fitness_shaping import (
-    centered_rank_fitness_shaping_fn,
-    identity_fitness_shaping_fn,
-    standardize_fitness_shaping_fn,
-)
 from flax import struct
 from jax.flatten_util import ravel_pytree
 
-from inner_loops.objective import ppo_objective
-from inner_loops.ppo import make_train
+from inner_loops.registry import make_learner
 from metarl.config import ConfigError, ESConfig, ExperimentConfig
 from metarl.fitness import combine_fitness, evaluate_candidates, run_is_valid, run_return
 from metarl.sharding import population_mesh, put_replicated, replicate
 
-FITNESS_SHAPING_FNS = {
-    "centered_rank": centered_rank_fitness_shaping_fn,
-    "standardize": standardize_fitness_shaping_fn,
-    "raw": identity_fitness_shaping_fn,
-}
+
+def _fitness_shaping_fn(name: str):
+    from evosax.core import fitness_shaping
+
+    return {
+        "centered_rank": fitness_shaping.centered_rank_fitness_shaping_fn,
+        "standardize": fitness_shaping.standardize_fitness_shaping_fn,
+        "raw": fitness_shaping.identity_fitness_shaping_fn,
+    }[name]
 
 
 def make_strategy(config: ESConfig, template: Any):
@@ -46,11 +43,14 @@ def make_strategy(config: ESConfig, template: Any):
     Returns ``(strategy, es_params)``; σ, learning rate and their decays come from the
     config because evosax's defaults (σ = 1, SGD at 1e-3) do not suit neural meta-parameters.
     """
+    # imported here: importing evosax runs a JAX computation, which would fix the CPU
+    # device count before metarl could choose it
+    from evosax.algorithms import CMA_ES, PGPE, SNES, Open_ES, Sep_CMA_ES
     learning_rate = optax.exponential_decay(
         config.learning_rate, transition_steps=1, decay_rate=config.learning_rate_decay
     )
     optimizer = optax.adam(learning_rate)
-    shaping = FITNESS_SHAPING_FNS[config.fitness_shaping]
+    shaping = _fitness_shaping_fn(config.fitness_shaping)
     size = config.population_size
     if config.strategy == "Open_ES":
         sigma = optax.exponential_decay(
@@ -89,7 +89,8 @@ class EvolutionState:
         generation: ``[]`` generations completed.
         best_fitness: ``[]`` best candidate fitness seen so far (higher is better).
         best_meta_params: the meta-parameters that scored ``best_fitness``.
-        baselines: ``[E]`` PPO return per environment used for normalisation (ones when off).
+        baselines: ``[E]`` return of the algorithm's own losses per environment, used for
+            normalisation (ones when off).
     """
 
     es_state: Any
@@ -102,6 +103,10 @@ class EvolutionState:
 
 class Evolution:
     """A meta-evolution experiment: static parts plus pure ``init`` / ``generation``.
+
+    The inner loops are the :class:`~inner_loops.learner.Learner` s of ``config.inner``
+    (any registered algorithm), trained with the evolved objective; only their ``train``
+    and the contract's metrics are used here.
 
     ``mesh`` (a :class:`jax.sharding.Mesh`, e.g. :func:`metarl.sharding.population_mesh`)
     shards each generation's ``C * S`` training runs over its devices; by default a mesh
@@ -124,9 +129,9 @@ class Evolution:
                 f"objective.name: {config.objective.name!r} has no meta-parameters to evolve; "
                 "choose a learned objective such as value_distance, lpo or ta_lpo"
             )
-        _, self._unravel = ravel_pytree(self.template)
         self.strategy, self.es_params = make_strategy(config.es, self.template)
-        self.trains = [make_train(inner, self.objective) for inner in config.inner]
+        self.learners = [build_learner(inner, self.objective, _inner_path(config, i))
+                         for i, inner in enumerate(config.inner)]
         self.step = jax.jit(self.generation)
 
     @property
@@ -138,7 +143,7 @@ class Evolution:
     @property
     def agent_steps_per_generation(self) -> int:
         cfg = self.config
-        per_candidate = sum(inner.steps_per_agent for inner in cfg.inner)
+        per_candidate = sum(learner.steps_per_agent for learner in self.learners)
         return cfg.es.population_size * cfg.fitness.seeds_per_candidate * per_candidate
 
     def init(self, key: jax.Array | None = None, baselines=None) -> EvolutionState:
@@ -171,11 +176,11 @@ class Evolution:
         """Ask, train ``C × S`` agents per environment, score, tell. Pure; jit it."""
         cfg = self.config
         num_candidates, num_seeds = cfg.es.population_size, cfg.fitness.seeds_per_candidate
-        key, ask_key, tell_key, *env_keys = jax.random.split(state.key, 3 + len(self.trains))
+        key, ask_key, tell_key, *env_keys = jax.random.split(state.key, 3 + len(self.learners))
         population, es_state = self.strategy.ask(ask_key, state.es_state, self.es_params)
 
         returns, valid = [], []
-        for train, inner, env_key in zip(self.trains, cfg.inner, env_keys, strict=True):
+        for learner, env_key in zip(self.learners, env_keys, strict=True):
             if cfg.fitness.common_seeds:
                 seeds = jax.random.split(env_key, num_seeds)
                 keys = jnp.broadcast_to(seeds, (num_candidates, *seeds.shape))
@@ -183,8 +188,8 @@ class Evolution:
                 keys = jax.random.split(env_key, num_candidates * num_seeds)
                 keys = keys.reshape(num_candidates, num_seeds, -1)
             env_returns, env_valid, _ = evaluate_candidates(
-                train, population, keys, inner.hyperparams(), cfg.fitness, cfg.run.chunk_size,
-                self.mesh,
+                learner.train, population, keys, learner.default_hypers, cfg.fitness,
+                cfg.run.chunk_size, self.mesh,
             )
             returns.append(env_returns)
             valid.append(env_valid)
@@ -220,19 +225,38 @@ class Evolution:
         return state, metrics
 
     def measure_baselines(self, key: jax.Array) -> jax.Array:
-        """Return of standard PPO per environment ``[E]`` (the normalisation baselines)."""
+        """Return per environment ``[E]`` of each algorithm with its own default losses
+        (standard PPO for PPO): the normalisation baselines."""
         cfg = self.config
         values = []
         for inner, env_key in zip(cfg.inner, jax.random.split(key, len(cfg.inner)),
                                   strict=True):
-            train = make_train(inner, ppo_objective())
+            learner = make_learner(inner)
             keys = jax.random.split(env_key, cfg.fitness.baseline_seeds)
-            metrics = jax.jit(jax.vmap(train))(keys)
+            metrics = jax.jit(jax.vmap(learner.train))(keys)
             returns = run_return(metrics, cfg.fitness)
             ok = run_is_valid(metrics, returns)
             if not bool(jnp.any(ok)):
-                raise RuntimeError(f"baseline PPO on {inner.env_id} produced no finite return")
+                raise RuntimeError(f"baseline {learner.algorithm} on {inner.env_id} produced "
+                                   "no finite return")
             values.append(float(jnp.mean(returns[ok])))
         if any(v == 0 for v in values):
-            raise RuntimeError(f"a baseline PPO return is exactly 0 ({values}); cannot normalise")
+            raise RuntimeError(f"a baseline return is exactly 0 ({values}); cannot normalise")
         return jnp.asarray(values, jnp.float32)
+
+
+def _inner_path(config: ExperimentConfig, index: int) -> str:
+    return f"inner[{index}]" if len(config.inner) > 1 else "inner"
+
+
+def build_learner(inner, objective=None, path: str = "inner"):
+    """:func:`inner_loops.registry.make_learner`, its errors as :class:`ConfigError` naming
+    the field: an unknown environment (``inner.env_id``), a policy that does not fit it,
+    an objective that does not fit the algorithm (``objective.name``)."""
+    try:
+        return make_learner(inner, objective)
+    except ValueError as error:
+        message = str(error)
+        if message.startswith("objective "):
+            raise ConfigError(f"objective.name: {message}") from None
+        raise ConfigError(f"{path}.{message}") from None

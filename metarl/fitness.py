@@ -1,7 +1,8 @@
 """From training runs to fitness: population × seeds evaluation, NaN handling, normalisation.
 
 Shapes used throughout: ``C`` candidates (meta-parameter sets), ``S`` seeds per candidate,
-``E`` environments, ``U`` PPO updates per training run.
+``E`` environments, ``U`` updates per training run. Only the contract's ``episode_return``
+and ``finite`` metrics are read, so any algorithm's learner can be scored.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from inner_loops.ppo import broadcast_to_population
+from inner_loops.population import AUTO, ChunkSize, broadcast_to_population
 from metarl.config import FitnessConfig
 from metarl.sharding import train_population
 
@@ -43,19 +44,19 @@ def evaluate_candidates(
     keys: jax.Array,
     hypers,
     config: FitnessConfig,
-    chunk_size: int = 0,
+    chunk_size: ChunkSize = AUTO,
     mesh=None,
 ) -> tuple[jax.Array, jax.Array, dict]:
     """Train every candidate on ``S`` seeds of one environment.
 
     Args:
-        train: ``make_train(...)`` output for this environment.
+        train: the learner's ``train`` for this environment.
         meta_params: pytree with leading axis ``[C]``.
         keys: ``[C, S, 2]`` PRNG keys, one per training run.
-        hypers: :class:`~inner_loops.ppo.Hyperparams` of scalars (shared by all runs).
+        hypers: the learner's hyperparameters as scalars (shared by all runs).
         config: fitness settings.
-        chunk_size: train at most this many runs at once per device (0: automatic, see
-            :func:`metarl.sharding.default_chunk_size`).
+        chunk_size: train at most this many runs at once per device (``"auto"`` or a
+            positive integer, see :mod:`inner_loops.population`).
         mesh: a :class:`jax.sharding.Mesh` (:func:`metarl.sharding.population_mesh`) to shard
             the ``C * S`` runs over; ``None`` (default) trains them on one device.
 
@@ -67,8 +68,7 @@ def evaluate_candidates(
     flat_meta = jax.tree.map(lambda x: jnp.repeat(x, num_seeds, axis=0), meta_params)
     flat_keys = keys.reshape(runs, *keys.shape[2:])
     metrics = train_population(
-        train, flat_keys, flat_meta, broadcast_to_population(hypers, runs), chunk_size or None,
-        mesh,
+        train, flat_keys, flat_meta, broadcast_to_population(hypers, runs), chunk_size, mesh,
     )
     metrics = jax.tree.map(lambda x: x.reshape(num_candidates, num_seeds, *x.shape[1:]), metrics)
     returns = run_return(metrics, config)

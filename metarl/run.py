@@ -30,7 +30,12 @@ from tqdm import tqdm
 
 from metarl import distributed
 from metarl.checkpoint import CheckpointError, RunCheckpointer
-from metarl.config import ExperimentConfig, config_from_dict, read_config_data
+from metarl.config import (
+    ExperimentConfig,
+    config_from_dict,
+    read_config_data,
+    upgrade_saved_config,
+)
 from metarl.evolution import Evolution, EvolutionState
 from metarl.sharding import num_shards
 
@@ -211,7 +216,7 @@ def read_run_config(run_dir: str | Path) -> ExperimentConfig:
         raise RunError(f"run directory not found: {run_dir}")
     if not (run_dir / CONFIG_FILE).is_file():
         raise RunError(f"{run_dir} is not a metarl run: it has no {CONFIG_FILE}")
-    return config_from_dict(read_config_data(run_dir / CONFIG_FILE))
+    return config_from_dict(upgrade_saved_config(read_config_data(run_dir / CONFIG_FILE)))
 
 
 def resume(run_dir: str | Path, generations: int | None = None) -> RunResult:

@@ -1,43 +1,40 @@
-"""Shard a population of training runs over devices (and hosts) with ``jax.sharding``.
+"""Shard a population of agents over devices (and hosts) with ``jax.sharding``.
 
 A population is any pytree whose leaves share a leading agent axis ``[P, ...]``: PRNG
-keys, meta-parameters, hyperparameters. :func:`train_population` splits that axis over a
-1-D device :class:`~jax.sharding.Mesh` with :func:`jax.shard_map`: every device trains its
-``P / D`` agents with :func:`inner_loops.ppo.train_population` (one ``vmap``, or
-``chunk_size`` agents at a time), and the metrics come back replicated. Agents never talk to
-each other, so the sharded result equals the single-device one for the same keys, to
-float32 rounding (XLA may round a differently partitioned program differently). Long RL
-runs amplify rounding: over generations the candidates, and so the returns, of a run on
-2 devices drift apart from the same run on 1. Resume a run on the device count it started
-with to continue it exactly.
+keys, meta-parameters, hyperparameters, agent states. :func:`train_population`,
+:func:`init_population` and :func:`advance_population` split that axis over a 1-D device
+:class:`~jax.sharding.Mesh` with :func:`jax.shard_map`: every device runs its ``P / D``
+agents with :mod:`inner_loops.population` (one ``vmap``, or ``chunk_size`` agents at a
+time). Metrics come back replicated; states stay split over the devices, ready for the
+next segment. Agents never talk to each other, so the sharded result equals the
+single-device one for the same keys, to float32 rounding (XLA may round a differently
+partitioned program differently). Long RL runs amplify rounding: over generations the
+candidates, and so the returns, of a run on 2 devices drift apart from the same run on 1.
+Resume a run on the device count it started with to continue it exactly.
 
 - **Uneven populations.** ``shard_map`` needs equal shares, so a population that does not
   divide the device count is padded with copies of its last agent to the next multiple and
   the copies are dropped from the result (at most ``D - 1`` wasted runs).
-- **Memory and speed.** ``chunk_size`` is *per device*: each device trains its share
-  ``chunk_size`` agents at a time, so peak memory per device is set by the chunk, not by
-  ``P / D``. Left unset on CPU devices it is :data:`CPU_CHUNK_SIZE`: a minibatch's
-  activations for a few dozen agents outgrow a core's cache, and throughput fell from 64 to
-  256 agents until the share was trained in chunks (:func:`default_chunk_size`).
+- **Memory and speed.** ``chunk_size`` is *per device* (see :mod:`inner_loops.population`
+  for its one meaning, ``"auto"`` by default): peak memory per device is set by the chunk,
+  not by ``P / D``.
 - **Hosts.** Under :mod:`jax.distributed` (see :mod:`metarl.distributed`),
   :func:`population_mesh` spans the devices of every process; inputs that every process
   computes identically (the ES state, its keys) are treated as replicated, each process
   trains the agents of its own devices, and the results are gathered to all processes.
 - **One device** (no mesh, or a mesh of one device) takes exactly the unsharded code path,
   so nothing changes for single-device users.
-- **CPU cores.** XLA runs one CPU device's program largely on one core. :func:`use_cpu_cores`
-  (called by the ``metarl`` command line) exposes one CPU device per core, so sharding the
-  population puts every core to work: on a 2-core machine about 1.6x the agent-steps per
-  second of one device at 64 agents (``benchmarks/throughput.py``).
+- **CPU cores.** XLA runs one CPU device's program largely on one core.
+  :func:`use_cpu_cores` (called when ``metarl`` is imported, before JAX starts) exposes one
+  CPU device per core, so sharding the population puts every core to work.
 
-Shapes: ``P`` agents, ``D`` devices in the mesh, ``U`` PPO updates.
+Shapes: ``P`` agents, ``D`` devices in the mesh, ``U`` updates.
 """
 
 from __future__ import annotations
 
-import operator
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -45,23 +42,21 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from inner_loops import ppo
+from inner_loops import population
+from inner_loops.population import AUTO, ChunkSize
 
 POPULATION_AXIS = "population"
-
-# Agents a CPU device trains at once when no chunk size is given. Measured on a 2-core
-# machine (PureJaxRL CartPole settings, 2 devices, one process, interleaved): 256 agents
-# unchunked ran at 188k agent-steps/s against 212k for 64; in chunks of 32 per device 212k,
-# of 16 218k-225k, of 8 219k; 64 agents in chunks of 16 or 8 were no slower than unchunked.
-CPU_CHUNK_SIZE = 16
 
 
 def use_cpu_cores(count: int | None = None) -> int:
     """Make JAX's CPU backend expose ``count`` devices (default: one per usable core).
 
-    Must run before JAX's first computation (JAX raises ``RuntimeError`` otherwise). A
-    device count already chosen by the user, through ``JAX_NUM_CPU_DEVICES`` or XLA's
-    ``--xla_force_host_platform_device_count``, is kept. Accelerator backends are not
+    ``import metarl`` calls it with no count, so a program or notebook that imports metarl
+    before computing anything with JAX uses every core. Call it yourself, before JAX's
+    first computation, to choose another count (JAX raises ``RuntimeError`` once it has
+    started). A count the user already chose is kept: ``JAX_NUM_CPU_DEVICES``, XLA's
+    ``--xla_force_host_platform_device_count``, or, when ``count`` is not given,
+    ``jax.config.update("jax_num_cpu_devices", n)``. Accelerator backends are not
     affected. Returns the number of CPU devices JAX will expose.
     """
     chosen = os.environ.get("JAX_NUM_CPU_DEVICES")
@@ -70,6 +65,9 @@ def use_cpu_cores(count: int | None = None) -> int:
     for flag in os.environ.get("XLA_FLAGS", "").split():
         if flag.startswith("--xla_force_host_platform_device_count="):
             return int(flag.split("=", 1)[1])
+    configured = jax.config.jax_num_cpu_devices
+    if count is None and configured is not None and configured > 0:
+        return configured
     if count is None:
         count = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
             os.cpu_count() or 1)
@@ -80,9 +78,8 @@ def use_cpu_cores(count: int | None = None) -> int:
     except RuntimeError as error:
         raise RuntimeError(
             f"use_cpu_cores({count}): JAX has already started in this process, so its CPU "
-            "device count can no longer change. Call it before anything computes with JAX; "
-            "importing gymnax (and so metarl.config, metarl.run or metarl.evaluate) already "
-            "does, so call it before those imports."
+            "device count can no longer change. Call it before anything computes with JAX "
+            "(importing gymnax or brax already does)."
         ) from error
     return count
 
@@ -175,56 +172,85 @@ def put_replicated(tree: Any, mesh: Mesh) -> Any:
     return jax.tree.map(put, tree)
 
 
-def default_chunk_size(mesh: Mesh | None = None) -> int | None:
-    """The per-device chunk :func:`train_population` uses when none is given:
-    :data:`CPU_CHUNK_SIZE` when the devices (``mesh``'s, else the default device) are CPUs,
-    ``None`` (the whole share in one ``vmap``) on accelerators."""
+def _platform(mesh: Mesh | None) -> str:
     device = mesh.devices.flat[0] if mesh is not None else jax.devices()[0]
-    return CPU_CHUNK_SIZE if device.platform == "cpu" else None
+    return device.platform
+
+
+def default_chunk_size(mesh: Mesh | None = None) -> int | None:
+    """What ``chunk_size="auto"`` means on ``mesh``'s devices (else the default device):
+    :data:`inner_loops.population.CPU_CHUNK_SIZE` on CPUs, ``None`` (the whole share in
+    one ``vmap``) on accelerators."""
+    return population.resolve_chunk_size(AUTO, _platform(mesh))
+
+
+def shard_population(fn: Callable, args: Any, mesh: Mesh | None,
+                     chunk_size: ChunkSize = AUTO, replicate_output: bool = True) -> Any:
+    """``vmap(fn)(*args)`` over the leading (agent) axis of ``args``, split over ``mesh``.
+
+    Each device maps ``fn`` over its share ``chunk_size`` agents at a time. Outputs are
+    replicated over the mesh (``replicate_output``) or left split along the agent axis.
+    Pure and unjitted: wrap the caller in ``jax.jit``.
+    """
+    chunk = population.resolve_chunk_size(chunk_size, _platform(mesh))
+    if num_shards(mesh) == 1:
+        return population.map_in_chunks(fn, args, chunk)
+    size = population.population_size(args)
+    padded = pad_population(args, padded_size(size, num_shards(mesh)))
+    spec = PartitionSpec(tuple(mesh.axis_names))
+
+    def run_share(share):
+        return population.map_in_chunks(fn, share, chunk)
+
+    # check_vma=False: the scans start from constants (zeros, NaN) that are identical on
+    # every device and become per-device values; nothing here needs the check.
+    sharded = jax.shard_map(run_share, mesh=mesh, in_specs=(spec,), out_specs=spec,
+                            check_vma=False)
+    out = jax.tree.map(lambda x: x[:size], sharded(padded))
+    if replicate_output:
+        return replicate(out, mesh)
+    return out
 
 
 def train_population(train, keys, meta_params=None, hypers=None,
-                     chunk_size: int | None = None, mesh: Mesh | None = None):
-    """:func:`inner_loops.ppo.train_population`, sharded over ``mesh``.
+                     chunk_size: ChunkSize = AUTO, mesh: Mesh | None = None):
+    """:func:`inner_loops.population.train_population`, sharded over ``mesh``.
 
     Args:
-        train: ``make_train(...)`` output.
+        train: a learner's ``train(key, meta_params, hypers)``.
         keys: ``[P, 2]`` PRNG keys (or any pytree with leading axis ``P``).
         meta_params: pytree with leading axis ``[P]`` (or ``None``: the objective's default).
-        hypers: :class:`~inner_loops.ppo.Hyperparams` of ``[P]`` arrays (or ``None``).
-        chunk_size: train at most this many agents at once *per device*. ``None``/0:
-            :func:`default_chunk_size` (16 on the CPU, the whole share on accelerators);
-            a chunk at least the share trains it in one ``vmap``. Chunked and unchunked
-            training give the same metrics.
+        hypers: hyperparameters of ``[P]`` arrays (or ``None``).
+        chunk_size: agents each device trains at once (``"auto"`` or a positive integer).
         mesh: devices to shard over (:func:`population_mesh`); ``None`` or a one-device
-            mesh runs :func:`inner_loops.ppo.train_population` unchanged.
+            mesh runs the unsharded program.
 
-    Returns metrics ``[P, U]``, replicated over the mesh. Pure and unjitted like the
-    unsharded version: wrap the caller in ``jax.jit``.
+    Returns metrics ``[P, U]``, replicated over the mesh.
     """
-    if chunk_size is not None:
-        try:
-            chunk_size = operator.index(chunk_size) or None
-        except TypeError:
-            raise ValueError(f"chunk_size: must be an integer, got {chunk_size!r}") from None
-        if chunk_size is not None and chunk_size < 1:
-            raise ValueError(f"chunk_size: must be a positive integer, got {chunk_size!r}")
-    if chunk_size is None:
-        chunk_size = default_chunk_size(mesh)
-    if num_shards(mesh) == 1:
-        return ppo.train_population(train, keys, meta_params, hypers, chunk_size)
+    return shard_population(train, (keys, meta_params, hypers), mesh, chunk_size)
 
-    population_size = jax.tree.leaves(keys)[0].shape[0]
-    size = padded_size(population_size, num_shards(mesh))
-    args = pad_population((keys, meta_params, hypers), size)
-    spec = PartitionSpec(tuple(mesh.axis_names))
 
-    def train_share(share):
-        return ppo.train_population(train, *share, chunk_size)
+def init_population(learner, keys, meta_params=None, hypers=None,
+                    chunk_size: ChunkSize = AUTO, mesh: Mesh | None = None):
+    """Fresh states of ``P`` agents, split over ``mesh`` along the agent axis."""
+    return shard_population(learner.init, (keys, meta_params, hypers), mesh, chunk_size,
+                            replicate_output=False)
 
-    # check_vma=False: the PPO scans start from constants (zeros, NaN) that are identical
-    # on every device and become per-device values; nothing here needs the check.
-    sharded = jax.shard_map(train_share, mesh=mesh, in_specs=(spec,), out_specs=spec,
-                            check_vma=False)
-    metrics = sharded(args)
-    return replicate(jax.tree.map(lambda x: x[:population_size], metrics), mesh)
+
+def advance_population(learner, states, meta_params=None, hypers=None,
+                       num_updates: int | None = None, chunk_size: ChunkSize = AUTO,
+                       mesh: Mesh | None = None):
+    """``num_updates`` more updates of every agent of ``states [P, ...]``, sharded.
+
+    Returns ``(states, metrics [P, num_updates])``: states stay split over ``mesh``,
+    metrics are replicated.
+    """
+
+    def advance(state, meta, hyper):
+        return learner.advance(state, meta, hyper, num_updates)
+
+    states, metrics = shard_population(advance, (states, meta_params, hypers), mesh,
+                                       chunk_size, replicate_output=False)
+    if mesh is not None and num_shards(mesh) > 1:
+        metrics = replicate(metrics, mesh)
+    return states, metrics
