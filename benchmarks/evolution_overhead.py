@@ -18,7 +18,7 @@ import time
 
 import jax
 
-from inner_loops.ppo import broadcast_to_population
+from inner_loops.population import broadcast_to_population
 from metarl.config import config_from_dict
 from metarl.evolution import Evolution
 
@@ -42,7 +42,7 @@ def main() -> None:
     evolution = Evolution(config)
     agents = args.population * args.seeds
     state = evolution.init()
-    plain = jax.jit(jax.vmap(evolution.trains[0]))
+    plain = jax.jit(jax.vmap(evolution.learners[0].train))
     keys = jax.random.split(jax.random.PRNGKey(1), agents)
     meta = broadcast_to_population(evolution.mean_meta_params(state), agents)
     hypers = broadcast_to_population(config.inner[0].hyperparams(), agents)

@@ -11,7 +11,7 @@ PureJaxRL's CartPole-v1 settings (4 envs x 128 steps, 4 epochs x 4 minibatches, 
   different cores, so it is not sequential any more; shown for completeness;
 - ``vectorised``: ``jit(vmap(train))`` over the whole population (compiled per size);
 - ``chunked``: ``jit`` of ``lax.map`` over vmapped chunks of ``--chunk-size`` agents
-  (:func:`inner_loops.ppo.train_population`); when the population fits in one chunk this
+  (:func:`inner_loops.population.train_population`); when the population fits in one chunk this
   is the very program of ``vectorised`` (compiled once, timed separately);
 - ``sharded``: the population split over one CPU device per core (``--devices``), as
   ``metarl`` trains it (:func:`metarl.sharding.train_population`, each device training 16
@@ -46,7 +46,8 @@ import time
 
 import jax
 
-from inner_loops.ppo import PPOConfig, make_train, train_population
+from inner_loops.population import train_population
+from inner_loops.ppo import PPOConfig, make_train
 from metarl import sharding
 
 MODES = ("sequential", "vectorised", "chunked", "sharded", "sequential_async")
@@ -69,7 +70,7 @@ def build_sequential(train):
     return compile_seconds, run, run_async
 
 
-def build_population(train, population: int, chunk_size: int | None, mesh=None):
+def build_population(train, population: int, chunk_size: int, mesh=None):
     """``(compile_seconds, run)`` for ``train_population`` (vmapped, optionally chunked,
     optionally sharded over ``mesh``)."""
     keys = jax.random.split(jax.random.PRNGKey(0), population)
@@ -111,7 +112,7 @@ def benchmark(populations, modes, updates: int, chunk_size: int, repeats: int,
                 compile_seconds[mode], runs[mode] = compile_seconds[other], runs[other]
                 same[mode] = other
             else:
-                chunk = chunk_size if mode == "chunked" and not one_chunk else None
+                chunk = chunk_size if mode == "chunked" and not one_chunk else population
                 compile_seconds[mode], runs[mode] = build_population(train, population, chunk)
             runs[mode](keys)  # warm-up
         timings = {mode: [] for mode in modes}

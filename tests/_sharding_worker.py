@@ -22,8 +22,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from inner_loops import ppo
-from inner_loops.ppo import PPOConfig, broadcast_to_population, make_train
+from inner_loops import population
+from inner_loops.population import broadcast_to_population
+from inner_loops.ppo import PPOConfig, make_train
 from metarl import sharding
 from metarl.config import ESConfig, ExperimentConfig, FitnessConfig, RunConfig
 from metarl.evolution import Evolution
@@ -61,7 +62,7 @@ def plain() -> dict:
     mesh = sharding.population_mesh()
     results, seconds = {}, {}
     runs = {
-        "reference": lambda k, h: ppo.train_population(train, k, None, h),
+        "reference": lambda k, h: population.train_population(train, k, None, h),
         "sharded": lambda k, h: sharding.train_population(train, k, None, h, mesh=mesh),
     }
     if "--chunked" in sys.argv:
@@ -94,9 +95,11 @@ def structure() -> dict:
     scans = [e for e in body.eqns if e.primitive.name == "scan"]
     vmapped = [e for e in body.eqns if e.primitive.name != "scan"]
     return {
-        "local_agents": int(body.invars[0].aval.shape[0]),
+        # the agents' keys; scalar constants the learner closes over come in replicated
+        "local_agents": int(next(v for v in body.invars if v.aval.ndim).aval.shape[0]),
         "scan_lengths": [int(e.params["length"]) for e in scans],
-        "chunk_batch": [int(e.params["jaxpr"].jaxpr.invars[0].aval.shape[0]) for e in scans],
+        "chunk_batch": [int(next(v for v in e.params["jaxpr"].jaxpr.invars if v.aval.ndim)
+                            .aval.shape[0]) for e in scans],
         "other_primitives": sorted({e.primitive.name for e in vmapped}),
         "output_spec": str(shard_eqn.params["out_specs"]),
     }

@@ -13,6 +13,7 @@ from metarl.config import (
     config_from_dict,
     load_config,
 )
+from metarl.evolution import build_learner
 
 EXPERIMENTS = sorted((Path(__file__).parents[1] / "experiments").glob("*.toml"))
 
@@ -54,9 +55,13 @@ def test_the_expected_experiments_ship():
     ],
 )
 def test_bad_configs_name_the_field(data, message):
+    """Loading checks the config's own values; building the learners checks what needs the
+    environment (its name, parameters and action space). Both name the field."""
     with pytest.raises(ConfigError) as error:
         config = config_from_dict(data)
-        config.objective.build()
+        objective = config.objective.build()
+        for inner in config.inner:
+            build_learner(inner, objective)
     assert message in str(error.value)
 
 

@@ -84,7 +84,7 @@ def single(train):
 
 @pytest.fixture(scope="module")
 def population(train):
-    """``(keys, meta_params, hypers, chunk_size=None) -> metrics [P, U]``."""
+    """``(keys, meta_params, hypers, chunk_size="auto") -> metrics [P, U]``."""
     return jax.jit(functools.partial(train_population, train), static_argnames="chunk_size",
                    compiler_options=FAST_COMPILE)
 

@@ -26,7 +26,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from inner_loops import PPOConfig, compute_gae, make_train, networks
+from inner_loops import PPOConfig, compute_gae, make_train, networks, ppo
 from inner_loops.ppo import shuffled_indices
 
 METRICS = {
@@ -249,8 +249,13 @@ BAD_CONFIGS = [
     ids=[",".join(f"{k}={v}" for k, v in changes.items()) for changes, _, _ in BAD_CONFIGS],
 )
 def test_bad_config_names_field_and_allowed_values(changes, field, allowed):
+    """Checks of the config's own values fail when it is made; checks that need the
+    environment (its name, its action space) fail when the learner is built."""
+    needs_env = "env_id" in changes
     with pytest.raises(ValueError) as info:
-        PPOConfig(**changes)
+        config = PPOConfig(**changes)
+        if needs_env:
+            ppo.build(config)
     message = str(info.value)
     assert message.startswith(f"{field}:"), message
     for value in allowed:

@@ -25,6 +25,7 @@ import numpy as np
 import pytest
 from _subprocess_env import env_without_device_count, start_worker, stop_workers
 
+from inner_loops.population import CPU_CHUNK_SIZE
 from inner_loops.ppo import PPOConfig
 from metarl import sharding
 from metarl.config import ConfigError, ExperimentConfig, RunConfig, config_from_dict
@@ -130,20 +131,20 @@ def test_one_device_mesh_takes_the_unsharded_path(monkeypatch):
         calls.append(args)
         return "unsharded"
 
-    monkeypatch.setattr(sharding.ppo, "train_population", unsharded)
+    monkeypatch.setattr(sharding.population, "map_in_chunks", unsharded)
     keys = jnp.zeros((3, 2), jnp.uint32)
     for mesh in (None, sharding.population_mesh(1)):
-        for chunk in (None, 0, 2):
+        for chunk in ("auto", 2):
             assert sharding.train_population("train", keys, "meta", "hypers", chunk,
                                              mesh) == "unsharded"
     auto = sharding.default_chunk_size()
-    assert calls == [("train", keys, "meta", "hypers", c) for c in (auto, auto, 2)] * 2
+    assert calls == [("train", (keys, "meta", "hypers"), c) for c in (auto, 2)] * 2
 
 
 def test_cpu_devices_train_in_chunks_unless_told_otherwise():
-    assert sharding.default_chunk_size() == sharding.CPU_CHUNK_SIZE  # the tests run on CPU
-    assert sharding.default_chunk_size(sharding.population_mesh(1)) == sharding.CPU_CHUNK_SIZE
-    population = 2 * sharding.CPU_CHUNK_SIZE + 3
+    assert sharding.default_chunk_size() == CPU_CHUNK_SIZE  # the tests run on CPU
+    assert sharding.default_chunk_size(sharding.population_mesh(1)) == CPU_CHUNK_SIZE
+    population = 2 * CPU_CHUNK_SIZE + 3
 
     def train(key, meta_params, hypers):
         return {"x": jnp.sum(key.astype(jnp.float32)) + meta_params}
@@ -154,7 +155,7 @@ def test_cpu_devices_train_in_chunks_unless_told_otherwise():
         )(jnp.zeros((population, 2), jnp.uint32), jnp.zeros(population))
         return [e.params["length"] for e in jaxpr.jaxpr.eqns if e.primitive.name == "scan"]
 
-    assert scan_lengths(None) == scan_lengths(0) == [2]  # two chunks of 16, then the rest
+    assert scan_lengths("auto") == [2]  # two chunks of 16, then the rest
     assert scan_lengths(population) == []  # one vmap
 
 
@@ -172,7 +173,7 @@ def test_population_mesh_and_padding():
     np.testing.assert_array_equal(padded["b"], [0, 1, 2, 2, 2])
     with pytest.raises(ValueError):
         sharding.pad_population(tree, 2)
-    for bad in (-1, 1.5):
+    for bad in (-1, 0, 1.5, None, "all"):
         with pytest.raises(ValueError, match="chunk_size"):
             sharding.train_population(None, jnp.zeros((2, 2)), chunk_size=bad)
 

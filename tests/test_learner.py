@@ -1,0 +1,188 @@
+"""The inner-loop contract: ``train`` = ``init`` + ``advance`` in segments, bit for bit;
+populations that are advanced in segments, edited between them (copy a member, change one
+member's hyperparameters), checkpointed with orbax and continued.
+
+One TINY config per action space; every jitted function is built once per module.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+
+from inner_loops import (
+    PPOConfig,
+    advance_population,
+    copy_member,
+    init_population,
+    make_learner,
+    select_members,
+    set_member,
+    stack_hyperparams,
+    train_population,
+)
+
+# compile at XLA's lowest backend optimisation level: these tests check semantics
+FAST_COMPILE = {"xla_backend_optimization_level": 0}
+
+CONFIGS = {
+    "discrete": PPOConfig(num_envs=2, num_steps=8, total_timesteps=64, update_epochs=2,
+                          num_minibatches=2, hidden_sizes=(8,)),
+    "continuous": PPOConfig(env_id="Pendulum-v1", num_envs=2, num_steps=8,
+                            total_timesteps=64, update_epochs=2, num_minibatches=2,
+                            hidden_sizes=(8,), normalize_obs=True, normalize_reward=True),
+}
+SEGMENT = 2  # of 4 updates
+POPULATION = 3
+
+
+def jit(fn, **kwargs):
+    return jax.jit(fn, compiler_options=FAST_COMPILE, **kwargs)
+
+
+@pytest.fixture(scope="module", params=sorted(CONFIGS))
+def programs(request):
+    learner = make_learner(CONFIGS[request.param])
+    assert learner.num_updates == 2 * SEGMENT
+    return {
+        "learner": learner,
+        "train": jit(learner.train),
+        "init": jit(learner.init),
+        "advance": jit(functools.partial(learner.advance, num_updates=SEGMENT)),
+    }
+
+
+def assert_trees_equal(a, b, exact=True):
+    leaves_a, leaves_b = jax.tree.leaves(jax.device_get(a)), jax.tree.leaves(jax.device_get(b))
+    assert len(leaves_a) == len(leaves_b)
+    for x, y in zip(leaves_a, leaves_b, strict=True):
+        if exact:
+            np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+        else:
+            np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-5, atol=1e-6)
+
+
+def concat(first, second):
+    return jax.tree.map(lambda x, y: np.concatenate([x, y], axis=-1), jax.device_get(first),
+                        jax.device_get(second))
+
+
+def test_train_equals_init_then_advance_in_segments(programs):
+    key = jax.random.PRNGKey(7)
+    whole = programs["train"](key)
+    state = programs["init"](key)
+    assert int(state.update_count) == 0
+    state, first = programs["advance"](state)
+    state, second = programs["advance"](state)
+    assert int(state.update_count) == 2 * SEGMENT
+    assert_trees_equal(concat(first, second), whole)
+    # annealing read the update counter: the second segment continued the decay
+    rates = concat(first, second)["learning_rate"]
+    np.testing.assert_allclose(rates, 2.5e-4 * (1 - np.arange(4) / 4), rtol=1e-6)
+
+
+def test_unjitted_advance_checks_the_segment_length(programs):
+    learner = programs["learner"]
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="num_updates"):
+            learner.advance(None, num_updates=bad)
+
+
+@pytest.fixture(scope="module")
+def population_programs(programs):
+    learner = programs["learner"]
+    return {
+        "train": jit(functools.partial(train_population, learner.train)),
+        "init": jit(functools.partial(init_population, learner)),
+        "advance": jit(functools.partial(advance_population, learner, num_updates=SEGMENT)),
+    }
+
+
+def varied_hypers(learner):
+    config = learner.config
+    return stack_hyperparams([config.replace(learning_rate=lr).hyperparams()
+                              for lr in (1e-3, 3e-3, 1e-2)])
+
+
+def test_population_in_segments_equals_one_call(programs, population_programs):
+    learner = programs["learner"]
+    keys = jax.random.split(jax.random.PRNGKey(3), POPULATION)
+    hypers = varied_hypers(learner)
+    whole = population_programs["train"](keys, None, hypers)
+    states = population_programs["init"](keys, None, hypers)
+    states, first = population_programs["advance"](states, None, hypers)
+    states, second = population_programs["advance"](states, None, hypers)
+    assert_trees_equal(concat(first, second), whole)
+    assert states.update_count.tolist() == [2 * SEGMENT] * POPULATION
+
+
+def test_a_copied_member_continues_as_its_source(programs, population_programs):
+    """PBT's exploit step: member 2 becomes a copy of member 0 (state and hyperparameters)
+    and then trains exactly as member 0 does."""
+    learner = programs["learner"]
+    keys = jax.random.split(jax.random.PRNGKey(5), POPULATION)
+    hypers = varied_hypers(learner)
+    states = population_programs["init"](keys, None, hypers)
+    states, _ = population_programs["advance"](states, None, hypers)
+    states, hypers = copy_member((states, hypers), source=0, target=2)
+    states, metrics = population_programs["advance"](states, None, hypers)
+    metrics = jax.device_get(metrics)
+    for name, values in metrics.items():
+        np.testing.assert_array_equal(values[2], values[0], err_msg=name)
+    assert_trees_equal(select_members(states, [2]), select_members(states, [0]))
+    # and as the source continues when advanced alone
+    alone, alone_metrics = programs["advance"](jax.tree.map(lambda x: x[0], states), None,
+                                               jax.tree.map(lambda x: x[0], hypers))
+    del alone
+    assert np.isfinite(alone_metrics["value_loss"]).all()
+
+
+def test_changing_one_members_hyperparameters_changes_only_that_member(programs,
+                                                                      population_programs):
+    learner = programs["learner"]
+    keys = jax.random.split(jax.random.PRNGKey(9), POPULATION)
+    hypers = varied_hypers(learner)
+    states = population_programs["init"](keys, None, hypers)
+    states, _ = population_programs["advance"](states, None, hypers)
+    faster = set_member(hypers, 1, learner.config.replace(learning_rate=0.05).hyperparams())
+    np.testing.assert_allclose(faster.learning_rate, [1e-3, 0.05, 1e-2], rtol=1e-6)
+    _, base = population_programs["advance"](states, None, hypers)
+    _, changed = population_programs["advance"](states, None, faster)
+    base, changed = jax.device_get((base, changed))
+    for member in (0, 2):
+        np.testing.assert_array_equal(changed["value_loss"][member], base["value_loss"][member])
+    assert not np.array_equal(changed["learning_rate"][1], base["learning_rate"][1])
+
+
+def test_a_population_state_survives_an_orbax_round_trip(programs, population_programs,
+                                                         tmp_path):
+    """Save mid-training, restore into the state's structure, continue: same agents."""
+    learner = programs["learner"]
+    keys = jax.random.split(jax.random.PRNGKey(13), POPULATION)
+    hypers = varied_hypers(learner)
+    states = population_programs["init"](keys, None, hypers)
+    states, _ = population_programs["advance"](states, None, hypers)
+    with ocp.StandardCheckpointer() as checkpointer:
+        checkpointer.save(tmp_path / "population", states)
+        checkpointer.wait_until_finished()
+        abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, states)
+        restored = checkpointer.restore(tmp_path / "population", abstract)
+    assert_trees_equal(restored, states)
+    _, expected = population_programs["advance"](states, None, hypers)
+    _, resumed = population_programs["advance"](restored, None, hypers)
+    assert_trees_equal(resumed, expected)
+
+
+def test_states_have_a_leading_agent_axis(programs, population_programs):
+    keys = jax.random.split(jax.random.PRNGKey(0), POPULATION)
+    states = population_programs["init"](keys, None, None)
+    single = programs["init"](keys[0])
+    for many, one in zip(jax.tree.leaves(states), jax.tree.leaves(single), strict=True):
+        assert many.shape == (POPULATION, *one.shape)
+    chosen = select_members(states, jnp.array([1, 1, 0]))
+    assert_trees_equal(select_members(chosen, [0]), select_members(states, [1]))
