@@ -5,6 +5,8 @@ of the meta-parameters, so the ranking logic is checked exactly and without comp
 One test trains real PPO agents with a loss that turns NaN.
 """
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -39,6 +41,17 @@ def _score_is_first_meta_param(key, meta_params, hypers):
             "finite": jnp.ones((UPDATES,), bool)}
 
 
+def stand_in_learner(learner, trainer):
+    """``learner`` whose whole training is ``trainer(key, meta_params, hypers)``: the state is
+    the key, and one ``advance`` over the budget returns the stand-in's metrics."""
+
+    def advance(key, meta_params, hypers, num_updates):
+        return key, trainer(key, meta_params, hypers)
+
+    return dataclasses.replace(learner, init_fn=lambda key, meta, hypers: key,
+                               advance_fn=advance)
+
+
 def _evolution(strategy="Open_ES", population=8, sigma=0.3, trainer=_score_is_first_meta_param,
                **fitness):
     config = config_from_dict({
@@ -50,7 +63,7 @@ def _evolution(strategy="Open_ES", population=8, sigma=0.3, trainer=_score_is_fi
         "fitness": {"seeds_per_candidate": 2, **fitness},
     })
     evolution = Evolution(config)
-    evolution.trains = [trainer]
+    evolution.learners = [stand_in_learner(evolution.learners[0], trainer)]
     evolution.step = jax.jit(evolution.generation)
     return evolution
 
