@@ -85,11 +85,14 @@ class Objective:
         policy: the policy loss, or ``None`` for the algorithm's own.
         value: the value (critic) loss, or ``None`` for the algorithm's own.
         algorithms: the algorithms it applies to; ``None``: any that has its slots.
+        label: the name it is known by (a registered objective's name); by default the
+            names of its terms.
     """
 
     policy: LossTerm | None = None
     value: LossTerm | None = None
     algorithms: tuple[str, ...] | None = None
+    label: str | None = None
 
     @property
     def slots(self) -> tuple[str, ...]:
@@ -98,6 +101,8 @@ class Objective:
 
     @property
     def name(self) -> str:
+        if self.label is not None:
+            return self.label
         return "+".join(getattr(self, slot).name if getattr(self, slot) else "default"
                         for slot in SLOTS)
 

@@ -16,10 +16,11 @@ import jax
 import numpy as np
 from scipy import stats
 
-from inner_loops.ppo import PPOConfig, make_train
+from inner_loops.registry import algorithm_of
 from metarl.config import ConfigError, FitnessConfig
+from metarl.evolution import build_learner
 from metarl.fitness import run_is_valid, run_return
-from metarl.objectives import available_objectives, make_objective
+from metarl.objectives import available_objectives, get_objective, make_objective
 from metarl.run import BEST_FILE, MEAN_FILE, load_meta_params, read_run_config
 
 EVALUATION_FILE = "evaluation.json"
@@ -65,10 +66,11 @@ def bootstrap_ci(values: np.ndarray, confidence: float = 0.95, seed: int = 0
     return float(result.confidence_interval.low), float(result.confidence_interval.high)
 
 
-def evaluate_objective(objective, meta_params, inner: PPOConfig, fitness: FitnessConfig,
+def evaluate_objective(objective, meta_params, inner, fitness: FitnessConfig,
                        seeds: int, eval_seed: int, name: str) -> ObjectiveResult:
-    """Train ``seeds`` agents with ``objective`` (one jitted vmap) and summarise them."""
-    train = make_train(inner, objective)
+    """Train ``seeds`` agents of ``inner``'s algorithm with ``objective`` (one jitted vmap)
+    and summarise them."""
+    train = build_learner(inner, objective).train
     keys = jax.random.split(jax.random.PRNGKey(eval_seed), seeds)
     metrics = jax.jit(jax.vmap(train, in_axes=(0, None)))(keys, meta_params)
     returns = np.asarray(run_return(metrics, fitness))
@@ -87,11 +89,18 @@ def evaluate_objective(objective, meta_params, inner: PPOConfig, fitness: Fitnes
     )
 
 
-def default_baselines(objective_name: str) -> list[str]:
-    """The fixed objectives an evolved one is naturally compared with."""
-    if "value" in objective_name:
-        return ["ppo", "l2"]
-    return ["ppo", "dpo"]
+def default_baselines(objective_name: str, inner=None) -> list[str]:
+    """The baselines ``objective_name`` declares, those that fit ``inner``'s algorithm
+    (all of them without ``inner``)."""
+    baselines = list(get_objective(objective_name).baselines)
+    if inner is None:
+        return baselines
+    return [name for name in baselines if _fits(name, inner)]
+
+
+def _fits(objective_name: str, inner) -> bool:
+    algorithm = algorithm_of(inner)
+    return get_objective(objective_name).fits(algorithm.name, algorithm.slots)
 
 
 def evaluate_run(run_dir: str | Path, env_ids: list[str] | None = None, seeds: int = 16,
@@ -106,7 +115,8 @@ def evaluate_run(run_dir: str | Path, env_ids: list[str] | None = None, seeds: i
             train on uses the first ``[inner]`` settings with ``env_id`` changed and the
             environment's default parameters (no ``env_params``).
         seeds: held-out seeds per objective and environment.
-        baselines: registered fixed objectives (default: :func:`default_baselines`).
+        baselines: registered fixed objectives (default: those the run's objective
+            declares that fit the run's algorithm, :func:`default_baselines`).
         which: ``"mean"`` (centre of the search distribution) or ``"best"`` (best
             candidate seen) meta-parameters.
         eval_seed: seed of the held-out key stream (distinct from training seeds).
@@ -124,12 +134,17 @@ def evaluate_run(run_dir: str | Path, env_ids: list[str] | None = None, seeds: i
     template = objective.init(jax.random.PRNGKey(0))
     meta_params = load_meta_params(run_dir / (MEAN_FILE if which == "mean" else BEST_FILE),
                                    template)
-    baselines = default_baselines(config.objective.name) if baselines is None else baselines
+    if baselines is None:
+        baselines = default_baselines(config.objective.name, config.inner[0])
     unknown = [b for b in baselines if b not in available_objectives()]
     if unknown:
         raise ConfigError(
             f"baselines: unknown {unknown}; allowed: {', '.join(available_objectives())}"
         )
+    for name in baselines:
+        if not _fits(name, config.inner[0]):
+            raise ConfigError(f"baselines: objective {name!r} does not fit algorithm "
+                              f"{algorithm_of(config.inner[0]).name!r}")
     by_env = {inner.env_id: inner for inner in config.inner}
     env_ids = env_ids or list(by_env)
     results = []

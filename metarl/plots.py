@@ -6,14 +6,14 @@ Every ``plot_*`` function returns a :class:`matplotlib.figure.Figure` built with
 
 ==============================  =========================================================
 ``fitness.png``                 fitness per generation (always)
-``value_distance.png``          learned value distance vs L2 (objective ``value_distance``)
-``drift_{mean,best}.png``       drift heatmap and slices (objectives ``lpo``, ``ta_lpo``)
-``temporal_drift_*.png``        drift at several training-progress values (``ta_lpo``)
+``<figure>.png``                what the run's objective draws of its learned loss (its
+                                registered ``plot``: ``value_distance.png`` for the value
+                                distance, ``drift_{mean,best}.png`` for LPO, ...)
 ``learning_curves.png``         evolved vs baselines on held-out seeds (``evaluation.json``)
 ==============================  =========================================================
 
-The drift plots take a plain function ``drift_fn(ratio, advantage, progress=0.0)``;
-:func:`make_drift_fn` builds one for ``lpo``/``ta_lpo`` meta-parameters, ``dpo`` and ``ppo``.
+The drift plots take a function ``drift_fn(ratio, advantage, progress=0.0)``, such as the
+drift objectives' ``drift_fn`` (e.g. :func:`metarl.objectives.lpo.drift_fn`).
 """
 
 from __future__ import annotations
@@ -34,7 +34,8 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FixedLocator, NullLocator, ScalarFormatter
 
 from metarl.evaluate import EVALUATION_FILE
-from metarl.objectives import dpo, lpo, ta_lpo
+from metarl.objectives import dpo, get_objective, lpo
+from metarl.objectives.registry import RunFigureRequest
 from metarl.objectives.value_distance import value_distance
 from metarl.run import (
     BEST_FILE,
@@ -233,69 +234,10 @@ def plot_value_distance(
 # drift functions
 
 
-def make_drift_fn(
-    objective_name: str,
-    policy_meta_params: Any = None,
-    *,
-    clip_eps: float = 0.2,
-    ppo_init: bool = False,
-    alpha: float = dpo.DEFAULT_ALPHA,
-    beta: float = dpo.DEFAULT_BETA,
-) -> DriftFn:
-    """A drift as a plain function ``drift_fn(ratio, advantage, progress=0.0) -> drift``.
-
-    Args:
-        objective_name: ``"lpo"`` or ``"ta_lpo"`` (need ``policy_meta_params``), ``"dpo"``
-            or ``"ppo"`` (PPO's clipping written as a drift).
-        policy_meta_params: the ``"policy"`` meta-parameters (or whole meta-parameters).
-        clip_eps: PPO's clip range (for ``"ppo"`` and for ``ppo_init`` objectives).
-        ppo_init: whether the ``lpo``/``ta_lpo`` objective was built with ``ppo_init``.
-        alpha, beta: DPO's constants.
-
-    The function carries a ``label`` attribute used by the plots.
-    """
-    if isinstance(policy_meta_params, Mapping) and set(policy_meta_params) == {"policy", "value"}:
-        policy_meta_params = policy_meta_params["policy"]
-    if objective_name in ("lpo", "ta_lpo"):
-        if policy_meta_params is None:
-            raise ValueError(f"make_drift_fn: {objective_name!r} needs its policy meta-parameters")
-        module = lpo if objective_name == "lpo" else ta_lpo
-
-        def learned(ratio, advantage, progress=0.0):
-            return module.drift(policy_meta_params, ratio, advantage, clip_eps, progress,
-                                ppo_init=ppo_init)
-
-        learned.label = f"learned {objective_name.upper().replace('_', '-')} drift"
-        learned.uses_progress = objective_name == "ta_lpo"
-        return learned
-    if objective_name == "dpo":
-
-        def closed_form(ratio, advantage, progress=0.0):
-            del progress
-            return dpo.drift(ratio, advantage, alpha, beta)
-
-        closed_form.label = f"DPO drift (α = {alpha:g}, β = {beta:g})"
-        closed_form.uses_progress = False
-        return closed_form
-    if objective_name == "ppo":
-
-        def clipping(ratio, advantage, progress=0.0):
-            del progress
-            return lpo.ppo_drift(jnp.asarray(ratio, jnp.float32),
-                                 jnp.asarray(advantage, jnp.float32), clip_eps)
-
-        clipping.label = f"PPO clip drift (ε = {clip_eps:g})"
-        clipping.uses_progress = False
-        return clipping
-    raise ValueError(
-        f"make_drift_fn: unknown objective {objective_name!r}; allowed: lpo, ta_lpo, dpo, ppo"
-    )
-
-
 @functools.lru_cache(maxsize=16)
 def _reference_drift(name: str, clip_eps: float) -> DriftFn:
     """PPO's or DPO's drift, one function object per setting (so its compilation is reused)."""
-    return make_drift_fn(name, clip_eps=clip_eps)
+    return lpo.ppo_drift_fn(clip_eps) if name == "ppo" else dpo.drift_fn()
 
 
 def _reference_drifts(compare: Sequence[str], clip_eps: float) -> dict[str, tuple[DriftFn, dict]]:
@@ -335,7 +277,8 @@ def plot_drift(
 
     Args:
         drift_fn: ``(ratio, advantage[, progress=...]) -> drift``, broadcasting; e.g.
-            ``make_drift_fn("lpo", meta_params["policy"])`` or ``metarl.objectives.dpo.drift``.
+            :func:`metarl.objectives.lpo.drift_fn` of a run's ``"policy"`` meta-parameters,
+            or ``metarl.objectives.dpo.drift``.
         label: name of the drift in titles and legends (default: ``drift_fn.label``).
         ratio_range, advantage_range: the grid; ``log_ratio`` spaces the ratio
             logarithmically (``r`` and ``1/r`` equally far from 1).
@@ -414,7 +357,8 @@ def _takes_progress(drift_fn: DriftFn) -> bool:
 
 
 def _uses_progress(drift_fn: DriftFn) -> bool:
-    """Whether the drift's value depends on training progress (``make_drift_fn`` marks it)."""
+    """Whether the drift's value depends on training progress (a
+    :class:`~metarl.objectives.drift.DriftFunction` says so)."""
     marked = getattr(drift_fn, "uses_progress", None)
     return _takes_progress(drift_fn) if marked is None else bool(marked)
 
@@ -440,7 +384,7 @@ def plot_temporal_drift(
 
     Args:
         drift_fn: ``(ratio, advantage, progress=...) -> drift``, e.g.
-            ``make_drift_fn("ta_lpo", meta_params["policy"])``.
+            :func:`metarl.objectives.ta_lpo.drift_fn` of a run's ``"policy"`` meta-parameters.
         progresses: training progress values ``n / N`` in ``[0, 1]``.
         label, ratio_range, advantage_range, log_ratio, slice_advantages, clip_eps,
         num_points, title: as in :func:`plot_drift`.
@@ -665,10 +609,10 @@ def _save(fig: Figure, path: Path) -> Path:
 def plot_run(run_dir: str | Path) -> list[Path]:
     """Write the figures of a run to ``<run_dir>/plots/*.png`` and return their paths.
 
-    Always the fitness; then, by objective, the learned value distance (``value_distance``,
-    mean and best meta-parameters in one figure), the drift of the mean and of the best
-    meta-parameters (``lpo``, ``ta_lpo``) and the drift over training progress
-    (``ta_lpo``); and the learning curves when ``evaluation.json`` exists.
+    Always the fitness; then what the run's objective draws of its learned loss for the
+    search mean and the best candidate (its registered ``plot``, e.g. the learned value
+    distance against L2, or LPO's drift); and the learning curves when ``evaluation.json``
+    exists.
 
     Raises:
         RunError: ``run_dir`` is missing, is not a run, or has no finished generation.
@@ -684,36 +628,15 @@ def plot_run(run_dir: str | Path) -> list[Path]:
                                   title=f"{config.name}: fitness per generation"),
                      out / "fitness.png")]
 
-    name = config.objective.name
-    options = dict(config.objective.options)
-    candidates = _load_candidates(run_dir, config)
-    clip_eps = float(config.inner[0].clip_eps)
-    if name == "value_distance" and candidates:
-        fig = plot_value_distance(
-            {CANDIDATE_LABELS[which]: params["value"] for which, params in candidates.items()},
-            form=options.get("form"),
-            title=f"{config.name}: learned value distance vs L2 "
-                  f"(after {history[-1]['generation']} generations)",
+    plot = get_objective(config.objective.name).plot
+    if plot is not None:
+        request = RunFigureRequest(
+            run_name=config.name, candidates=_load_candidates(run_dir, config),
+            options=dict(config.objective.options), inner=config.inner[0],
+            generation=history[-1]["generation"],
         )
-        written.append(_save(fig, out / "value_distance.png"))
-    elif name in ("lpo", "ta_lpo"):
-        ppo_init = bool(options.get("ppo_init", False))
-        progress = 0.5 if name == "ta_lpo" else 0.0
-        for which, params in candidates.items():
-            drift_fn = make_drift_fn(name, params["policy"], clip_eps=clip_eps,
-                                     ppo_init=ppo_init)
-            label = f"{drift_fn.label}, {CANDIDATE_LABELS[which]}"
-            fig = plot_drift(drift_fn, label=label, progress=progress, clip_eps=clip_eps,
-                             title=f"{config.name}: drift of the {CANDIDATE_LABELS[which]}"
-                                   + (f" at training progress {progress:g}"
-                                      if name == "ta_lpo" else ""))
-            written.append(_save(fig, out / f"drift_{which}.png"))
-            if name == "ta_lpo":
-                fig = plot_temporal_drift(
-                    drift_fn, label=label, clip_eps=clip_eps,
-                    title=f"{config.name}: drift of the {CANDIDATE_LABELS[which]} over training",
-                )
-                written.append(_save(fig, out / f"temporal_drift_{which}.png"))
+        for stem, fig in plot(request).items():
+            written.append(_save(fig, out / f"{stem}.png"))
 
     evaluation = run_dir / EVALUATION_FILE
     if evaluation.is_file():
@@ -725,9 +648,6 @@ def plot_run(run_dir: str | Path) -> list[Path]:
                                    title=f"{config.name}: held-out learning curves")
         written.append(_save(fig, out / "learning_curves.png"))
     return written
-
-
-CANDIDATE_LABELS = {"mean": "search mean", "best": "best candidate"}
 
 
 def _load_candidates(run_dir: Path, config) -> dict[str, Any]:
@@ -763,7 +683,6 @@ def _read_meta_params(path: Path, template: Any) -> Any:
 
 
 __all__ = [
-    "make_drift_fn",
     "plot_drift",
     "plot_fitness",
     "plot_learning_curves",

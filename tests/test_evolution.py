@@ -25,7 +25,7 @@ def _scalar_policy_loss(meta_params, inputs):
     return ppo_clip().loss({}, inputs) * meta_params["scale"][0]
 
 
-@register_objective("test_scalar")
+@register_objective("test_scalar", slots=("policy", "value"))
 def _test_scalar_objective() -> Objective:
     """Two meta-parameters; the stand-in trainer scores a candidate by ``scale[0]``."""
     policy = LossTerm("scaled_clip", lambda key: {"scale": jnp.zeros(2)}, _scalar_policy_loss)
@@ -161,7 +161,7 @@ def _nan_policy_loss(meta_params, inputs):
     return ppo_clip().loss({}, inputs) + 0.0 * jnp.log(meta_params["w"][0])
 
 
-@register_objective("test_nan_when_negative")
+@register_objective("test_nan_when_negative", slots=("policy", "value"))
 def _nan_objective() -> Objective:
     policy = LossTerm("nan_when_negative", lambda key: {"w": jnp.zeros(2)}, _nan_policy_loss)
     return Objective(policy=policy, value=clipped_l2())

@@ -15,10 +15,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from inner_loops.objective import LossInputs, ppo_clip_surrogate
+from inner_loops.objective import LossInputs, clipped_l2, ppo_clip, ppo_clip_surrogate
 from metarl.objectives import (
     available_objectives,
     dpo,
+    get_objective,
     lpo,
     make_objective,
     register_objective,
@@ -128,6 +129,11 @@ def _jitted_policy_loss(name: str, **kwargs):
 # ---------------------------------------------------------------- hand-computed losses
 
 
+def as_ppo_trains(objective):
+    """``objective`` with PPO's own losses in the slots it leaves empty, as PPO trains it."""
+    return objective.with_defaults(policy=ppo_clip(), value=clipped_l2())
+
+
 def test_ppo_policy_loss_hand_computed():
     # r A and clip(r, 0.8, 1.2) A per sample; the surrogate takes the minimum:
     # (0.5, 1):  min(0.5, 0.8)   = 0.5
@@ -138,7 +144,8 @@ def test_ppo_policy_loss_hand_computed():
     objective = make_objective("ppo")
     loss = objective.policy_loss(objective.init(jax.random.PRNGKey(0)), inputs)
     np.testing.assert_allclose(loss, -0.075, rtol=1e-6)
-    assert make_objective("l2").policy_loss({"policy": {}}, inputs) == loss
+    assert make_objective("l2").policy is None  # PPO keeps its own surrogate
+    assert as_ppo_trains(make_objective("l2")).policy_loss({"policy": {}}, inputs) == loss
 
 
 def test_value_losses_hand_computed():
@@ -149,11 +156,13 @@ def test_value_losses_hand_computed():
     inputs = make_inputs(values=[1.0, 2.0], old_values=[0.5, 2.1], targets=[2.0, 4.0])
     np.testing.assert_allclose(make_objective("ppo").value_loss({"value": {}}, inputs), 1.4225)
     np.testing.assert_allclose(make_objective("l2").value_loss({"value": {}}, inputs), 1.25)
-    # The drift objectives keep PPO's clipped value loss.
+    # The drift objectives leave the value slot to PPO, which keeps its clipped value loss.
     for name in ("lpo", "ta_lpo", "dpo"):
         objective = make_objective(name)
-        assert objective.value.init(jax.random.PRNGKey(1)) == {}
-        np.testing.assert_allclose(objective.value_loss({"value": {}}, inputs), 1.4225)
+        assert objective.value is None
+        assert objective.init(jax.random.PRNGKey(1))["value"] == {}
+        np.testing.assert_allclose(as_ppo_trains(objective).value_loss({"value": {}}, inputs),
+                                   1.4225)
 
 
 def test_dpo_hand_computed():
@@ -469,21 +478,63 @@ def test_bad_keyword_is_named():
 def test_register_new_objective():
     name = "_test_only_objective"
 
-    @register_objective(name)
+    @register_objective(name, slots=("policy", "value"), algorithms=("ppo",),
+                        baselines=("ppo",))
     def factory(scale: float = 1.0):
         return make_objective("ppo")
 
     try:
         assert name in available_objectives()
-        assert make_objective(name, scale=2.0).name == "ppo_clip+clipped_l2"
+        objective = make_objective(name, scale=2.0)
+        assert objective.name == name and objective.algorithms == ("ppo",)
+        assert get_objective(name).baselines == ("ppo",)
         with pytest.raises(ValueError, match="already registered"):
 
-            @register_objective(name)
+            @register_objective(name, slots=("value",))
             def other_factory():
-                return make_objective("ppo")
+                return make_objective("l2")
     finally:
         _REGISTRY.pop(name, None)
     assert name not in available_objectives()
+
+
+def test_a_factory_must_fill_the_slots_it_declares():
+    name = "_test_wrong_slots"
+    register_objective(name, slots=("value",))(lambda: make_objective("ppo"))
+    try:
+        with pytest.raises(ValueError, match=r"declares slots \['value'\] but its factory "
+                                             r"filled \['policy', 'value'\]"):
+            make_objective(name)
+    finally:
+        _REGISTRY.pop(name, None)
+    with pytest.raises(ValueError, match="slots must be a non-empty subset"):
+        register_objective(name, slots=("critic",))
+
+
+# what each shipped objective declares: slots, algorithms (None: any with its slots), baselines
+DECLARATIONS = {
+    "ppo": (("policy", "value"), ("ppo",), ()),
+    "l2": (("value",), None, ("ppo",)),
+    "value_distance": (("value",), None, ("ppo", "l2")),
+    "lpo": (("policy",), ("ppo",), ("ppo", "dpo")),
+    "ta_lpo": (("policy",), ("ppo",), ("ppo", "dpo")),
+    "dpo": (("policy",), ("ppo",), ("ppo",)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(DECLARATIONS))
+def test_shipped_objectives_declare_what_they_fill_and_fit(name):
+    declared = get_objective(name)
+    slots, algorithms, baselines = DECLARATIONS[name]
+    assert (declared.slots, declared.algorithms, declared.baselines) == (
+        slots, algorithms, baselines)
+    objective = make_objective(name)
+    assert objective.slots == slots and objective.name == name
+    assert declared.fits("ppo", ("policy", "value"))
+    # an algorithm with only a critic slot (as off-policy learners have)
+    assert declared.fits("some_critic", ("value",)) == (slots == ("value",)
+                                                         and algorithms is None)
+    assert all(baseline in available_objectives() for baseline in baselines)
 
 
 # the shipped objectives (other test modules register stand-ins of their own)
@@ -494,7 +545,7 @@ VARIANTS = [(name, {}) for name in EXPECTED_NAMES] + [
 
 @pytest.mark.parametrize(("name", "kwargs"), VARIANTS, ids=lambda v: str(v))
 def test_jit_vmap_over_meta_params(name, kwargs):
-    objective = make_objective(name, **kwargs)
+    objective = as_ppo_trains(make_objective(name, **kwargs))
     population, batch = 4, N
     inputs = random_inputs(1, batch=batch)
 

@@ -24,7 +24,7 @@ from matplotlib.figure import Figure
 from inner_loops.objective import ppo_clip_surrogate
 from metarl import plots
 from metarl.config import load_config
-from metarl.objectives import dpo, make_objective
+from metarl.objectives import dpo, lpo, make_objective, ta_lpo
 from metarl.run import RunError, save_meta_params
 
 REPO = Path(__file__).resolve().parents[1]
@@ -149,24 +149,30 @@ def test_plot_value_distance_overlays_labelled_candidates(value_params, key):
 # drift
 
 
-def test_make_drift_fn_ppo_matches_clip_surrogate():
+def test_ppo_drift_fn_matches_clip_surrogate():
     ratio = jnp.linspace(0.4, 2.5, 50)
     for a in (-1.5, 0.7):
         advantage = jnp.full_like(ratio, a)
-        drift = plots.make_drift_fn("ppo", clip_eps=0.2)(ratio, advantage)
+        drift_fn = lpo.ppo_drift_fn(clip_eps=0.2)
         expected = ratio * advantage - ppo_clip_surrogate(ratio, advantage, 0.2)
-        np.testing.assert_allclose(drift, expected, atol=1e-6)
+        np.testing.assert_allclose(drift_fn(ratio, advantage), expected, atol=1e-6)
+        assert drift_fn.label.startswith("PPO clip") and not drift_fn.uses_progress
 
 
-def test_make_drift_fn_rejects_unknown_and_missing_params():
-    with pytest.raises(ValueError, match="unknown objective"):
-        plots.make_drift_fn("value_distance")
-    with pytest.raises(ValueError, match="policy meta-parameters"):
-        plots.make_drift_fn("lpo")
+def test_drift_fns_equal_their_objectives_drift(lpo_params, ta_lpo_params):
+    ratio, advantage = jnp.linspace(0.5, 2.0, 7), jnp.linspace(-1.0, 1.0, 7)
+    np.testing.assert_array_equal(lpo.drift_fn(lpo_params["policy"])(ratio, advantage),
+                                  lpo.drift(lpo_params["policy"], ratio, advantage))
+    temporal = ta_lpo.drift_fn(ta_lpo_params["policy"])
+    assert temporal.uses_progress
+    np.testing.assert_array_equal(temporal(ratio, advantage, 0.7),
+                                  ta_lpo.drift(ta_lpo_params["policy"], ratio, advantage,
+                                               progress=0.7))
+    np.testing.assert_array_equal(dpo.drift_fn()(ratio, advantage), dpo.drift(ratio, advantage))
 
 
 def test_plot_drift_lpo(lpo_params):
-    drift_fn = plots.make_drift_fn("lpo", lpo_params)
+    drift_fn = lpo.drift_fn(lpo_params["policy"])
     fig = plots.plot_drift(drift_fn, num_points=41)
     assert_labelled(fig)
     heatmap, plus, minus = content_axes(fig)
@@ -189,7 +195,7 @@ def test_plot_drift_lpo(lpo_params):
 
 
 def test_plot_drift_ta_lpo_at_a_progress(ta_lpo_params):
-    drift_fn = plots.make_drift_fn("ta_lpo", ta_lpo_params["policy"])
+    drift_fn = ta_lpo.drift_fn(ta_lpo_params["policy"])
     early = plots.plot_drift(drift_fn, progress=0.0, num_points=31, log_ratio=False)
     late = plots.plot_drift(drift_fn, progress=1.0, num_points=31, log_ratio=False)
     assert "progress 1" in late.get_suptitle()
@@ -209,7 +215,7 @@ def test_plot_drift_dpo_alone():
 
 
 def test_plot_temporal_drift(ta_lpo_params):
-    drift_fn = plots.make_drift_fn("ta_lpo", ta_lpo_params)
+    drift_fn = ta_lpo.drift_fn(ta_lpo_params["policy"])
     progresses = (0.0, 0.5, 1.0)
     fig = plots.plot_temporal_drift(drift_fn, progresses, num_points=31)
     assert_labelled(fig)

@@ -1,13 +1,16 @@
 """Learned and fixed RL objectives, built by name.
 
 Every module of this package is imported automatically (see below), and each registers its
-objective factories with :func:`register_objective`; so a new objective is a single new file
-here. Build one with ``make_objective("lpo", hidden_sizes=(128,))`` and list the names with
-:func:`available_objectives`. Registered by the modules shipped here:
+objective factories with :func:`register_objective`, declaring the loss slots they fill, the
+algorithms they fit, their baselines and how a run of them is drawn; so a new objective is a
+single new file here. Build one with ``make_objective("lpo", hidden_sizes=(128,))``, read a
+declaration with :func:`get_objective` and list the names with :func:`available_objectives`.
+Registered by the modules shipped here:
 
 * ``"ppo"``: PPO's clipped surrogate and clipped L2 value loss (:mod:`.l2`).
-* ``"l2"``: PPO's clipped surrogate and the plain value loss ``0.5 mean((v - t)^2)`` (:mod:`.l2`).
-* ``"value_distance"``: a learned value distance ``mean(d(v - t))`` (:mod:`.value_distance`).
+* ``"l2"``: the plain value loss ``0.5 mean((v - t)^2)``, any critic (:mod:`.l2`).
+* ``"value_distance"``: a learned value distance ``mean(d(v - t))``, any critic
+  (:mod:`.value_distance`).
 * ``"lpo"``: learned policy optimisation drift ``-mean(rA - drift(r, A))`` (:mod:`.lpo`).
 * ``"ta_lpo"``: the temporally-aware LPO drift ``drift(r, A, n/N)`` (:mod:`.ta_lpo`).
 * ``"dpo"``: the closed-form discovered drift of DPO (:mod:`.dpo`).
@@ -18,7 +21,12 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from metarl.objectives.registry import available_objectives, make_objective, register_objective
+from metarl.objectives.registry import (
+    available_objectives,
+    get_objective,
+    make_objective,
+    register_objective,
+)
 
 
 def _import_all_modules() -> None:
@@ -30,4 +38,4 @@ def _import_all_modules() -> None:
 
 _import_all_modules()
 
-__all__ = ["available_objectives", "make_objective", "register_objective"]
+__all__ = ["available_objectives", "get_objective", "make_objective", "register_objective"]

@@ -9,8 +9,8 @@ gradient at ``r = 1``:
 
 with ``alpha = 2`` and ``beta = 0.6`` by default. Since ``u - c tanh(u / c) >= 0`` exactly
 when ``u >= 0`` (and is ``O(u^3)`` near zero), the drift only penalises moves of the ratio in
-the direction the advantage rewards, and more softly than PPO's hard clip. The value loss is
-PPO's clipped L2. There are no meta-parameters (``{"policy": {}, "value": {}}``).
+the direction the advantage rewards, and more softly than PPO's hard clip. It fills only
+PPO's policy slot. There are no meta-parameters (``{"policy": {}, "value": {}}``).
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from inner_loops.objective import LossInputs, LossTerm, Objective, clipped_l2, no_meta_params
+from inner_loops.objective import LossInputs, LossTerm, Objective, no_meta_params
+from metarl.objectives.drift import DriftFunction
 from metarl.objectives.registry import register_objective
 
 DEFAULT_ALPHA = 2.0
@@ -74,7 +75,17 @@ def dpo_term(alpha: float = DEFAULT_ALPHA, beta: float = DEFAULT_BETA) -> LossTe
     return LossTerm("dpo", no_meta_params, loss)
 
 
-@register_objective("dpo")
+def drift_fn(alpha: float = DEFAULT_ALPHA, beta: float = DEFAULT_BETA) -> DriftFunction:
+    """DPO's drift as a labelled function ``(ratio, advantage, progress=0.0) -> drift``."""
+
+    def closed_form(ratio, advantage, progress):
+        del progress
+        return drift(ratio, advantage, alpha, beta)
+
+    return DriftFunction(closed_form, f"DPO drift (α = {alpha:g}, β = {beta:g})")
+
+
+@register_objective("dpo", slots=("policy",), algorithms=("ppo",), baselines=("ppo",))
 def make_dpo(alpha: float = DEFAULT_ALPHA, beta: float = DEFAULT_BETA) -> Objective:
-    """DPO's closed-form drift policy loss with PPO's clipped value loss."""
-    return Objective(policy=dpo_term(alpha, beta), value=clipped_l2())
+    """DPO's closed-form drift as PPO's policy loss."""
+    return Objective(policy=dpo_term(alpha, beta))

@@ -1,15 +1,11 @@
-"""Fixed baseline objectives: standard PPO and PPO with a plain (unclipped) L2 value loss.
+"""Fixed baseline objectives: standard PPO, and a plain (unclipped) L2 value loss.
 
-Both use PPO's clipped surrogate as the policy loss,
-
-    L_pi = -mean_i min(r_i A_i, clip(r_i, 1 - eps, 1 + eps) A_i),
-
-and differ in the value loss:
-
-* ``"ppo"``: PPO's clipped value loss
-  ``0.5 mean max((v - t)^2, (v_old + clip(v - v_old, -eps, eps) - t)^2)``;
-* ``"l2"``: the plain squared error ``L_v = 0.5 mean((v - t)^2)``, the baseline the learned
-  value distance (:mod:`metarl.objectives.value_distance`) starts from.
+* ``"ppo"``: PPO's clipped surrogate ``L_pi = -mean_i min(r_i A_i, clip(r_i, 1±eps) A_i)``
+  and clipped value loss ``0.5 mean max((v - t)^2, (v_old + clip(v - v_old, ±eps) - t)^2)``;
+  both of PPO's slots, PPO only.
+* ``"l2"``: the value slot alone, the plain squared error ``L_v = 0.5 mean((v - t)^2)``, the
+  baseline the learned value distance (:mod:`metarl.objectives.value_distance`) starts
+  from; any algorithm with a value slot (PPO keeps its clipped surrogate).
 
 Neither has meta-parameters: both terms' ``init`` return ``{}``.
 """
@@ -25,7 +21,6 @@ from inner_loops.objective import (
     Objective,
     clipped_l2,
     no_meta_params,
-    ppo_clip,
     ppo_objective,
 )
 from metarl.objectives.registry import register_objective
@@ -42,16 +37,16 @@ def l2() -> LossTerm:
     return LossTerm("l2", no_meta_params, l2_value_loss)
 
 
-@register_objective("ppo")
+@register_objective("ppo", slots=("policy", "value"), algorithms=("ppo",))
 def make_ppo() -> Objective:
     """Standard PPO: clipped surrogate and clipped L2 value loss."""
     return ppo_objective()
 
 
-@register_objective("l2")
+@register_objective("l2", slots=("value",), baselines=("ppo",))
 def make_l2() -> Objective:
-    """PPO's clipped surrogate with the plain unclipped L2 value loss."""
-    return Objective(policy=ppo_clip(), value=l2())
+    """The plain unclipped L2 value loss."""
+    return Objective(value=l2())
 
 
 __all__ = ["clipped_l2", "l2", "l2_value_loss", "make_l2", "make_ppo"]

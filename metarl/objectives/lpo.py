@@ -20,8 +20,9 @@ With ``ppo_init=True`` the drift is PPO's clipping written as a drift plus the l
 where the first term equals ``r A - min(r A, clip(r, 1±eps) A)``; the network's output layer
 starts at zero, so the initial objective is exactly PPO's clipped surrogate.
 
-The value loss is PPO's clipped L2. The builder :func:`drift_term` takes the feature function
-as an argument; :mod:`metarl.objectives.ta_lpo` reuses it with progress-dependent features.
+The objective fills only PPO's policy slot (PPO keeps its clipped L2 value loss). The
+builder :func:`drift_term` takes the feature function as an argument;
+:mod:`metarl.objectives.ta_lpo` reuses it with progress-dependent features.
 
 Meta-parameters: ``{"policy": {"layers": [{"w": [F, h1]}, ..., {"w": [hL, 1]}]},
 "value": {}}`` with ``F = 8`` here, float32, no biases.
@@ -34,7 +35,8 @@ from collections.abc import Callable, Sequence
 import jax
 import jax.numpy as jnp
 
-from inner_loops.objective import LossInputs, LossTerm, Objective, clipped_l2
+from inner_loops.objective import LossInputs, LossTerm, Objective
+from metarl.objectives.drift import DriftFunction, drift_figures
 from metarl.objectives.mlp import apply_mlp, init_mlp
 from metarl.objectives.registry import register_objective
 
@@ -198,10 +200,37 @@ def drift(
     )
 
 
-@register_objective("lpo")
+def drift_fn(policy_meta_params: dict, clip_eps: float = 0.2,
+             ppo_init: bool = False) -> DriftFunction:
+    """The learned drift of ``policy_meta_params`` (an ``"lpo"`` objective's ``"policy"``
+    meta-parameters) as a labelled function ``(ratio, advantage, progress=0.0) -> drift``."""
+
+    def learned(ratio, advantage, progress):
+        return drift(policy_meta_params, ratio, advantage, clip_eps, progress, ppo_init=ppo_init)
+
+    return DriftFunction(learned, "learned LPO drift")
+
+
+def ppo_drift_fn(clip_eps: float = 0.2) -> DriftFunction:
+    """PPO's clipping written as a drift (:func:`ppo_drift`), as a labelled function."""
+
+    def clipping(ratio, advantage, progress):
+        del progress
+        return ppo_drift(jnp.asarray(ratio, jnp.float32), jnp.asarray(advantage, jnp.float32),
+                         clip_eps)
+
+    return DriftFunction(clipping, f"PPO clip drift (ε = {clip_eps:g})")
+
+
+def _figures(request) -> dict:
+    return drift_figures(request, drift_fn)
+
+
+@register_objective("lpo", slots=("policy",), algorithms=("ppo",), baselines=("ppo", "dpo"),
+                     plot=_figures)
 def make_lpo(
     hidden_sizes: Sequence[int] = DEFAULT_HIDDEN_SIZES, ppo_init: bool = False
 ) -> Objective:
-    """LPO's learned drift policy loss with PPO's clipped value loss."""
-    policy = drift_term("lpo", lpo_features, NUM_LPO_FEATURES, hidden_sizes, ppo_init)
-    return Objective(policy=policy, value=clipped_l2())
+    """LPO's learned drift as PPO's policy loss."""
+    return Objective(policy=drift_term("lpo", lpo_features, NUM_LPO_FEATURES, hidden_sizes,
+                                       ppo_init))

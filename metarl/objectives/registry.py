@@ -1,43 +1,152 @@
-"""Name -> factory registry of objectives.
+"""Objectives by name, each with what it means: the loss slots it fills, the algorithms it
+fits, the baselines it is compared with and how a run of it is drawn.
 
-Each objective module registers a factory ``(**kwargs) -> Objective`` under a short name with
-the :func:`register_objective` decorator; experiments then build objectives by name with
-:func:`make_objective`. The package's ``__init__`` imports every module of the package, so
-adding an objective is one new file in ``metarl/objectives/`` and nothing else.
+Each objective module registers a factory ``(**options) -> Objective`` with the
+:func:`register_objective` decorator; experiments build objectives by name with
+:func:`make_objective`, and evaluation and plotting read the declaration
+(:func:`get_objective`) instead of knowing objectives by name. The package's ``__init__``
+imports every module of the package, so adding an objective is one new file in
+``metarl/objectives/`` and nothing else.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
 
-from inner_loops.objective import Objective
+from inner_loops.objective import SLOTS, Objective
 
 ObjectiveFactory = Callable[..., Objective]
 
-_REGISTRY: dict[str, ObjectiveFactory] = {}
+
+@dataclass(frozen=True)
+class RunFigureRequest:
+    """What an objective's ``plot`` hook gets to draw a run's learned loss.
+
+    Attributes:
+        run_name: the experiment's name, for titles.
+        candidates: ``"mean"`` (the search distribution's centre) and/or ``"best"`` (the
+            best candidate seen) -> whole meta-parameters ``{"policy": ..., "value": ...}``
+            as float32 arrays; only those saved in the run.
+        options: the objective's options from the experiment file.
+        inner: the first ``[inner]`` config of the run (its algorithm's config dataclass).
+        generation: generations finished.
+    """
+
+    run_name: str
+    candidates: Mapping[str, Any]
+    options: Mapping[str, Any]
+    inner: Any
+    generation: int
+
+    @staticmethod
+    def label(which: str) -> str:
+        """How a candidate is named in titles and legends."""
+        return CANDIDATE_LABELS.get(which, which)
 
 
-def register_objective(name: str) -> Callable[[ObjectiveFactory], ObjectiveFactory]:
-    """Decorator registering ``factory(**kwargs) -> Objective`` under ``name``.
+CANDIDATE_LABELS = {"mean": "search mean", "best": "best candidate"}
+
+
+# (request) -> {file stem: matplotlib Figure}; plot_run writes ``plots/<stem>.png``.
+RunFigures = Callable[[RunFigureRequest], dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class RegisteredObjective:
+    """One registered objective and its declaration.
+
+    Attributes:
+        name: what experiment files write as ``[objective] name``.
+        factory: ``(**options) -> Objective``.
+        slots: the loss slots it fills (``"policy"``, ``"value"``); the algorithm fills the
+            rest with its own losses.
+        algorithms: the algorithms it fits; ``None``: any algorithm with its slots.
+        baselines: registered objectives ``metarl evaluate`` compares it with by default
+            (those that fit the run's algorithm).
+        plot: draws a run's learned loss (see :data:`RunFigures`); ``None``: nothing to draw.
+    """
+
+    name: str
+    factory: ObjectiveFactory
+    slots: tuple[str, ...]
+    algorithms: tuple[str, ...] | None = None
+    baselines: tuple[str, ...] = ()
+    plot: RunFigures | None = None
+
+    @property
+    def description(self) -> str:
+        """The first line of the factory's docstring."""
+        return (inspect.getdoc(self.factory) or "").split("\n", 1)[0]
+
+    def fits(self, algorithm: str, algorithm_slots: tuple[str, ...]) -> bool:
+        """Whether it can train with ``algorithm``, whose loss slots are ``algorithm_slots``."""
+        listed = self.algorithms is None or algorithm in self.algorithms
+        return listed and all(slot in algorithm_slots for slot in self.slots)
+
+    def build(self, **options) -> Objective:
+        """The objective with ``options`` (keyword arguments of the factory).
+
+        Raises:
+            ValueError: an option the factory does not accept (named), or a factory that
+                fills other slots than it declared.
+        """
+        _check_options(self.name, self.factory, options)
+        objective = self.factory(**options)
+        if objective.slots != self.slots:
+            raise ValueError(f"objective {self.name!r} declares slots {list(self.slots)} but its "
+                             f"factory filled {list(objective.slots)}")
+        return dataclasses.replace(objective, algorithms=self.algorithms, label=self.name)
+
+
+_REGISTRY: dict[str, RegisteredObjective] = {}
+
+
+def register_objective(
+    name: str,
+    *,
+    slots: tuple[str, ...],
+    algorithms: tuple[str, ...] | None = None,
+    baselines: tuple[str, ...] = (),
+    plot: RunFigures | None = None,
+) -> Callable[[ObjectiveFactory], ObjectiveFactory]:
+    """Decorator registering ``factory(**options) -> Objective`` under ``name``.
+
+    Args:
+        name: the objective's name.
+        slots: the loss slots its objectives fill (a subset of ``("policy", "value")``).
+        algorithms: the algorithms it fits (``None``: any that has ``slots``).
+        baselines: objectives to compare it with in ``metarl evaluate``.
+        plot: how a run of it is drawn (:data:`RunFigures`).
 
     Registering a different factory under a taken name is an error; re-registering the same
     function (e.g. when its module is reloaded) replaces the old entry.
     """
     if not isinstance(name, str) or not name:
         raise ValueError(f"an objective name must be a non-empty string, got {name!r}")
+    slots = tuple(slots)
+    if not slots or any(slot not in SLOTS for slot in slots):
+        raise ValueError(f"objective {name!r}: slots must be a non-empty subset of {SLOTS}, "
+                         f"got {slots!r}")
+    slots = tuple(slot for slot in SLOTS if slot in slots)  # canonical order
 
     def decorator(factory: ObjectiveFactory) -> ObjectiveFactory:
         previous = _REGISTRY.get(name)
         if previous is not None and (
-            previous.__module__ != factory.__module__
-            or previous.__qualname__ != factory.__qualname__
+            previous.factory.__module__ != factory.__module__
+            or previous.factory.__qualname__ != factory.__qualname__
         ):
             raise ValueError(
                 f"objective name {name!r} is already registered by "
-                f"{previous.__module__}.{previous.__qualname__}"
+                f"{previous.factory.__module__}.{previous.factory.__qualname__}"
             )
-        _REGISTRY[name] = factory
+        _REGISTRY[name] = RegisteredObjective(
+            name, factory, slots, None if algorithms is None else tuple(algorithms),
+            tuple(baselines), plot,
+        )
         return factory
 
     return decorator
@@ -48,19 +157,27 @@ def available_objectives() -> list[str]:
     return sorted(_REGISTRY)
 
 
-def make_objective(name: str, **kwargs) -> Objective:
-    """Build the objective registered as ``name`` with the factory's keyword arguments.
-
-    Raises:
-        ValueError: if ``name`` is not registered (the message lists the available names) or
-            a keyword argument is not accepted by the factory (the message names it).
-    """
+def get_objective(name: str) -> RegisteredObjective:
+    """The declaration registered as ``name``; the error lists the registered names."""
     if name not in _REGISTRY:
         raise ValueError(
             f"unknown objective {name!r}; available objectives: "
             + ", ".join(available_objectives())
         )
-    factory = _REGISTRY[name]
+    return _REGISTRY[name]
+
+
+def make_objective(name: str, **options) -> Objective:
+    """Build the objective registered as ``name`` with the factory's keyword arguments.
+
+    Raises:
+        ValueError: if ``name`` is not registered (the message lists the available names) or
+            an option is not accepted by the factory (the message names it).
+    """
+    return get_objective(name).build(**options)
+
+
+def _check_options(name: str, factory: ObjectiveFactory, options: dict[str, Any]) -> None:
     signature = inspect.signature(factory)
     parameters = signature.parameters
     takes_var_kwargs = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
@@ -70,7 +187,7 @@ def make_objective(name: str, **kwargs) -> Objective:
             for p in parameters.values()
             if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
         ]
-        unknown = sorted(set(kwargs) - set(accepted))
+        unknown = sorted(set(options) - set(accepted))
         if unknown:
             raise ValueError(
                 f"objective {name!r} got unexpected keyword argument(s) "
@@ -79,7 +196,6 @@ def make_objective(name: str, **kwargs) -> Objective:
                 + (", ".join(accepted) if accepted else "none")
             )
     try:
-        signature.bind(**kwargs)
+        signature.bind(**options)
     except TypeError as error:
         raise ValueError(f"bad arguments for objective {name!r}: {error}") from error
-    return factory(**kwargs)

@@ -10,7 +10,7 @@ them times the progress:
 Multiplying (rather than appending ``p`` as a feature) keeps every feature zero at ``r = 1``
 for every ``p``; with the bias-free network the drift is therefore ``>= 0`` and vanishes with
 its gradient at ``r = 1`` throughout training, while its shape may change over time.
-``p`` comes from ``LossInputs.progress``. The value loss is PPO's clipped L2.
+``p`` comes from ``LossInputs.progress``. It fills only PPO's policy slot.
 
 Meta-parameters: ``{"policy": {"layers": [{"w": [16, h1]}, ..., {"w": [hL, 1]}]},
 "value": {}}``, float32, no biases.
@@ -23,7 +23,8 @@ from collections.abc import Sequence
 import jax
 import jax.numpy as jnp
 
-from inner_loops.objective import Objective, clipped_l2
+from inner_loops.objective import Objective
+from metarl.objectives.drift import DriftFunction, drift_figures
 from metarl.objectives.lpo import (
     DEFAULT_HIDDEN_SIZES,
     NUM_LPO_FEATURES,
@@ -71,10 +72,26 @@ def drift(
     )
 
 
-@register_objective("ta_lpo")
+def drift_fn(policy_meta_params: dict, clip_eps: float = 0.2,
+             ppo_init: bool = False) -> DriftFunction:
+    """The learned drift of ``policy_meta_params`` (a ``"ta_lpo"`` objective's ``"policy"``
+    meta-parameters) as a labelled function ``(ratio, advantage, progress=0.0) -> drift``."""
+
+    def learned(ratio, advantage, progress):
+        return drift(policy_meta_params, ratio, advantage, clip_eps, progress, ppo_init=ppo_init)
+
+    return DriftFunction(learned, "learned TA-LPO drift", uses_progress=True)
+
+
+def _figures(request) -> dict:
+    return drift_figures(request, drift_fn)
+
+
+@register_objective("ta_lpo", slots=("policy",), algorithms=("ppo",),
+                     baselines=("ppo", "dpo"), plot=_figures)
 def make_ta_lpo(
     hidden_sizes: Sequence[int] = DEFAULT_HIDDEN_SIZES, ppo_init: bool = False
 ) -> Objective:
-    """Temporally-aware LPO drift policy loss with PPO's clipped value loss."""
-    policy = drift_term("ta_lpo", ta_lpo_features, NUM_TA_LPO_FEATURES, hidden_sizes, ppo_init)
-    return Objective(policy=policy, value=clipped_l2())
+    """Temporally-aware LPO drift as PPO's policy loss."""
+    return Objective(policy=drift_term("ta_lpo", ta_lpo_features, NUM_TA_LPO_FEATURES,
+                                       hidden_sizes, ppo_init))

@@ -11,12 +11,15 @@ scalar, default hidden sizes ``(64, 64)``, tanh; ``g(0) = 0`` for every paramete
 
 Why ``scaled_l2`` is the default: a tanh network's output is bounded, so in the additive
 forms the learned part cannot change how large errors are weighted — and in PPO with a
-global gradient-norm clip the weight of large value errors is exactly what matters (on
-CartPole, shrinking the value loss 5x raises the mean return by ~15%). Scaling L2 by
+global gradient-norm clip the weight of large value errors is exactly what matters.
+Scaling L2 by
 ``exp(g)`` lets evolution reshape small errors *and* rescale large ones, keeps ``d >= 0``
 and ``d(0) = 0``, and, with the output layer starting at zero, starts from exactly L2
 ``0.5 mean((v - t)^2)``. ``l2_residual`` also starts at L2; ``raw`` starts at a random
-network. There is no value clipping. The policy loss is PPO's clipped surrogate.
+network. There is no value clipping.
+
+The objective fills only the value slot, so it fits every algorithm with a critic: PPO keeps
+its clipped surrogate, and off-policy critics regress their TD targets under ``d``.
 
 Meta-parameters: ``{"policy": {}, "value": {"layers": [{"w": [1, h1], "b": [h1]}, ...,
 {"w": [hL, 1], "b": [1]}]}}``, float32.
@@ -29,7 +32,7 @@ from collections.abc import Sequence
 import jax
 import jax.numpy as jnp
 
-from inner_loops.objective import LossInputs, LossTerm, Objective, ppo_clip
+from inner_loops.objective import LossInputs, LossTerm, Objective
 from metarl.objectives.mlp import apply_mlp, init_mlp
 from metarl.objectives.registry import register_objective
 
@@ -114,9 +117,25 @@ def value_distance_term(
     return LossTerm(name, init, loss)
 
 
-@register_objective("value_distance")
+def _figures(request) -> dict:
+    """The learned distance of every candidate against L2, in one figure."""
+    from metarl.plots import plot_value_distance  # matplotlib only when drawing
+
+    if not request.candidates:
+        return {}
+    fig = plot_value_distance(
+        {request.label(which): params["value"] for which, params in request.candidates.items()},
+        form=request.options.get("form"),
+        title=f"{request.run_name}: learned value distance vs L2 "
+              f"(after {request.generation} generations)",
+    )
+    return {"value_distance": fig}
+
+
+@register_objective("value_distance", slots=("value",), baselines=("ppo", "l2"),
+                    plot=_figures)
 def make_value_distance(
     hidden_sizes: Sequence[int] = DEFAULT_HIDDEN_SIZES, form: str = "scaled_l2"
 ) -> Objective:
-    """PPO's clipped surrogate with a learned value distance (see the module docstring)."""
-    return Objective(policy=ppo_clip(), value=value_distance_term(hidden_sizes, form))
+    """A learned value distance as the critic's loss (see the module docstring)."""
+    return Objective(value=value_distance_term(hidden_sizes, form))

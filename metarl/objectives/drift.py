@@ -1,0 +1,62 @@
+"""Drift functions as plain callables, and the figures of a run that learned one.
+
+A drift ``D(r, A)`` is the penalty LPO-style policy losses subtract from ``r A``. To draw or
+inspect one, objectives turn their meta-parameters into a :class:`DriftFunction`
+``(ratio [...], advantage [...], progress=0.0) -> drift [...]`` that carries its label;
+:func:`drift_figures` is the ``plot`` hook the drift objectives register.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from metarl.objectives.registry import RunFigureRequest
+
+
+@dataclass(frozen=True, eq=False)
+class DriftFunction:
+    """A drift with the name figures give it.
+
+    Attributes:
+        fn: ``(ratio [...], advantage [...], progress) -> [...]``, broadcasting its inputs.
+        label: name in titles and legends.
+        uses_progress: whether the drift depends on training progress ``n / N``.
+    """
+
+    fn: Callable[[Any, Any, Any], Any]
+    label: str
+    uses_progress: bool = False
+
+    def __call__(self, ratio, advantage, progress=0.0):
+        return self.fn(ratio, advantage, progress)
+
+
+def drift_figures(request: RunFigureRequest,
+                  drift_of: Callable[[Any, float, bool], DriftFunction]) -> dict[str, Any]:
+    """The drift of each candidate as a heatmap with slices (``drift_<which>``), plus its
+    change over training (``temporal_drift_<which>``) when it depends on progress.
+
+    Args:
+        request: the run (see :class:`~metarl.objectives.registry.RunFigureRequest`).
+        drift_of: ``(policy_meta_params, clip_eps, ppo_init) -> DriftFunction``.
+    """
+    from metarl.plots import plot_drift, plot_temporal_drift  # matplotlib only when drawing
+
+    clip_eps = float(getattr(request.inner, "clip_eps", 0.2))
+    ppo_init = bool(request.options.get("ppo_init", False))
+    figures = {}
+    for which, params in request.candidates.items():
+        drift_fn = drift_of(params["policy"], clip_eps, ppo_init)
+        label = f"{drift_fn.label}, {request.label(which)}"
+        progress = 0.5 if drift_fn.uses_progress else 0.0
+        at = f" at training progress {progress:g}" if drift_fn.uses_progress else ""
+        figures[f"drift_{which}"] = plot_drift(
+            drift_fn, label=label, progress=progress, clip_eps=clip_eps,
+            title=f"{request.run_name}: drift of the {request.label(which)}{at}")
+        if drift_fn.uses_progress:
+            figures[f"temporal_drift_{which}"] = plot_temporal_drift(
+                drift_fn, label=label, clip_eps=clip_eps,
+                title=f"{request.run_name}: drift of the {request.label(which)} over training")
+    return figures
