@@ -10,11 +10,11 @@ Memory does not depend on ``total_timesteps``: the updates are a ``lax.scan`` th
 the same buffers, and the per-update metrics are a few floats. So each run trains only
 ``--updates`` updates (default 1) to stay fast; ``--updates 1,4`` shows the independence.
 
-    python benchmarks/memory.py                                  # 64..4096, chunks 0/64/256
+    python benchmarks/memory.py                                  # 64..4096, chunks all/64/256
     python benchmarks/memory.py --populations 4096 --chunk-sizes 256
-    python benchmarks/memory.py --populations 256 --chunk-sizes 0,16 --devices 4
+    python benchmarks/memory.py --populations 256 --chunk-sizes all,16 --devices 4
 
-``--chunk-sizes 0`` means no chunking (one ``vmap`` over the population); with
+``--chunk-sizes all`` means no chunking (one ``vmap`` over the population); with
 ``--devices N`` the population is sharded over N CPU devices and the chunk is per device.
 
 Prints one JSON document.
@@ -34,7 +34,7 @@ BUDGET_GB = 24.0
 STEPS_PER_UPDATE = 4 * 128  # PureJaxRL CartPole: num_envs x num_steps
 
 
-def child(population: int, chunk_size: int, updates: int, devices: int, mode: str) -> dict:
+def child(population: int, chunk_size: int | str, updates: int, devices: int, mode: str) -> dict:
     """Runs inside the subprocess: build, compile and train one population once."""
     import jax
 
@@ -48,9 +48,9 @@ def child(population: int, chunk_size: int, updates: int, devices: int, mode: st
     mesh = sharding.population_mesh(devices) if devices > 1 else None
 
     def run(keys):
-        # 0: no chunking, i.e. a chunk as large as the population (not the CPU default of 16)
-        return sharding.train_population(train, keys, chunk_size=chunk_size or population,
-                                         mesh=mesh)
+        # "all": one chunk as large as the population (not the CPU's automatic 16)
+        chunk = population if chunk_size == "all" else chunk_size
+        return sharding.train_population(train, keys, chunk_size=chunk, mesh=mesh)
 
     keys = jax.random.split(jax.random.PRNGKey(0), population)
     started = time.perf_counter()
@@ -69,7 +69,7 @@ def child(population: int, chunk_size: int, updates: int, devices: int, mode: st
     }
 
 
-def measure(population: int, chunk_size: int, updates: int, devices: int, timeout: float,
+def measure(population: int, chunk_size: int | str, updates: int, devices: int, timeout: float,
             mode: str = "train") -> dict:
     """Run one setting in a fresh process; return its result and its peak RSS."""
     env = dict(os.environ)
@@ -101,7 +101,8 @@ def run_child(argv: list[str]) -> None:
     import resource
 
     mode, population, chunk_size, updates, devices = argv
-    result = child(int(population), int(chunk_size), int(updates), int(devices), mode)
+    chunk = chunk_size if chunk_size == "all" else int(chunk_size)
+    result = child(int(population), chunk, int(updates), int(devices), mode)
     result["peak_rss_mb"] = round(
         resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1
     )
@@ -112,14 +113,23 @@ def ints(text: str) -> list[int]:
     return [int(part) for part in text.split(",") if part.strip()]
 
 
+def chunk_sizes(text: str) -> list[int | str]:
+    """``all`` (no chunking) or positive integers, comma-separated."""
+    sizes = [part.strip() if part.strip() == "all" else int(part) for part in text.split(",")
+             if part.strip()]
+    if any(size != "all" and size < 1 for size in sizes):
+        raise argparse.ArgumentTypeError(f"chunk sizes are 'all' or positive, got {text!r}")
+    return sizes
+
+
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
         run_child(sys.argv[2:])
         return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--populations", type=ints, default=[64, 256, 1024, 4096])
-    parser.add_argument("--chunk-sizes", type=ints, default=[0, 64, 256],
-                        help="0: no chunking; chunks >= the population are skipped")
+    parser.add_argument("--chunk-sizes", type=chunk_sizes, default=["all", 64, 256],
+                        help="'all': no chunking; chunks >= the population are skipped")
     parser.add_argument("--updates", type=ints, default=[1],
                         help="PPO updates per run (memory does not depend on it)")
     parser.add_argument("--devices", type=int, default=1,
@@ -128,12 +138,12 @@ def main() -> None:
     parser.add_argument("--budget-gb", type=float, default=BUDGET_GB)
     args = parser.parse_args()
 
-    baseline = measure(1, 0, 1, args.devices, args.timeout, mode="baseline")
+    baseline = measure(1, "all", 1, args.devices, args.timeout, mode="baseline")
     rows = []
     for population in args.populations:
         per_device = -(-population // args.devices)
         for chunk_size in args.chunk_sizes:
-            if chunk_size and chunk_size >= per_device:
+            if chunk_size != "all" and chunk_size >= per_device:
                 continue  # the same program as no chunking
             for updates in args.updates:
                 row = {"population": population, "chunk_size": chunk_size,
@@ -150,7 +160,7 @@ def main() -> None:
         "note": "each setting in a fresh process; peak_rss_mb is the process's maximum "
                 "resident memory (ru_maxrss), xla_temp_mb XLA's estimate of temporary "
                 "buffers. Only a few updates are trained because memory does not depend on "
-                "total_timesteps (the updates are a lax.scan). chunk_size 0 = no chunking; "
+                "total_timesteps (the updates are a lax.scan). chunk_size all = no chunking; "
                 "with devices > 1 the chunk is per device.",
         "budget_gb": args.budget_gb,
         "baseline_rss_mb": baseline.get("peak_rss_mb"),

@@ -490,7 +490,7 @@ def shuffled_indices(key: jax.Array, n: int) -> jax.Array:
     """A uniformly random permutation of ``range(n)``, ``[n]`` int32.
 
     ``jax.random.permutation`` sorts random keys together with the indices, a two-operand
-    sort that XLA's CPU backend runs about 4x slower than a sort of one ``uint32`` array.
+    sort that XLA's CPU backend runs much slower than a sort of one ``uint32`` array.
     For ``n <= 4096`` the index is packed into the low bits of its random key, so one
     single-operand sort does it; keys that tie in their (at least 20) random bits keep index
     order, an expected ``n**2 / 2**21`` pairs (0.1 for ``n = 512``). Larger ``n`` use

@@ -42,13 +42,13 @@ CHUNK = 3  # 8 = 3 + 3 + 2: exercises the remainder
 TOLERANCE = {"rtol": 1e-5, "atol": 1e-6}
 
 # These tests check semantics (batching, chunking, tracing), not speed: compile at XLA's
-# lowest backend optimisation level, which compiled these programs in 30 s instead of 45 s
-# here. All of them use the same level, since the level changes float rounding slightly.
+# lowest backend optimisation level, which compiles them faster. All of them use the same
+# level, since the level changes float rounding slightly.
 FAST_COMPILE = {"xla_backend_optimization_level": 0}
 
 HANG_GUARD = Path(__file__).with_name("_hang_guard.py")
 HANG_GUARD_SIZES = (1, 2, 3, 16)
-HANG_GUARD_TIMEOUT = 240  # seconds; it took 10-45 s on the shared 2-core CPU
+HANG_GUARD_TIMEOUT = 240  # seconds; generous, for a shared and busy CPU
 
 
 def _weighted_clip_loss(meta_params, inputs):

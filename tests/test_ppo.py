@@ -365,7 +365,7 @@ def early_late(returns: np.ndarray, fraction: float = 0.2):
 
 # A hang inside XLA never returns to Python, so the learning tests use pytest-timeout's
 # thread method, which ends the run with stack traces instead of freezing CI. The limits
-# are several times the measured durations.
+# are generous: the machines are shared and their speed varies.
 LONG = pytest.mark.timeout(900, method="thread")
 SHORT = pytest.mark.timeout(300, method="thread")
 
@@ -400,7 +400,6 @@ def test_minatar_space_invaders_beats_random_policy():
     check_metrics(metrics, config, 2, discrete=True)
     early, late = early_late(metrics["episode_return"])
     print(f"SpaceInvaders-MinAtar early {early.round(2)} late {late.round(2)}")
-    # Measured: early about 3.8 (as random), late about 11 and 15.
     assert late.mean() > 2.5 * RANDOM_RETURN["SpaceInvaders-MinAtar"], (early, late)
     assert np.all(late > 2.0 * RANDOM_RETURN["SpaceInvaders-MinAtar"]), (early, late)
     assert np.all(late > early + 4.0), (early, late)
@@ -467,7 +466,7 @@ keys = jax.random.split(jax.random.PRNGKey(0), int(sys.argv[2]))
 metrics = jax.jit(jax.vmap(make_train(PPOConfig())))(keys)
 np.savez(sys.argv[1], **jax.device_get(metrics))
 """
-CARTPOLE_TIMEOUT = 800  # seconds; about 60-130 s measured on the shared 2-core CPU
+CARTPOLE_TIMEOUT = 800  # seconds; generous, for a shared and busy CPU
 
 
 @pytest.fixture(scope="module")
