@@ -104,15 +104,6 @@ def action_from_noise(noise, discrete: bool, logits_or_mean, log_std):
     return action, log_prob(discrete, logits_or_mean, log_std, action)
 
 
-def sample_action(key, discrete: bool, logits_or_mean, log_std):
-    """Sample actions and their log-probabilities.
-
-    Shapes: ``[..., A] -> (action [...] (discrete) or [..., A] (continuous), log_prob [...])``.
-    """
-    noise = action_noise(key, discrete, logits_or_mean.shape)
-    return action_from_noise(noise, discrete, logits_or_mean, log_std)
-
-
 def log_prob(discrete: bool, logits_or_mean, log_std, action) -> jax.Array:
     """Log-probability of ``action`` under the policy. Returns shape ``[...]``."""
     if discrete:

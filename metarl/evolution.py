@@ -135,12 +135,6 @@ class Evolution:
         self.step = jax.jit(self.generation)
 
     @property
-    def agents_per_generation(self) -> int:
-        """Training runs per generation: candidates × seeds × environments."""
-        cfg = self.config
-        return cfg.es.population_size * cfg.fitness.seeds_per_candidate * len(cfg.inner)
-
-    @property
     def agent_steps_per_generation(self) -> int:
         cfg = self.config
         per_candidate = sum(learner.steps_per_agent for learner in self.learners)

@@ -139,11 +139,6 @@ def replicated(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, PartitionSpec())
 
 
-def population_sharding(mesh: Mesh) -> NamedSharding:
-    """The sharding that splits an array's leading (agent) axis over every mesh axis."""
-    return NamedSharding(mesh, PartitionSpec(tuple(mesh.axis_names)))
-
-
 def replicate(tree: Any, mesh: Mesh) -> Any:
     """Constrain every leaf of ``tree`` to be replicated over ``mesh`` (inside ``jit``)."""
     sharding = replicated(mesh)
