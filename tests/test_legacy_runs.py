@@ -1,0 +1,39 @@
+"""Run directories written by metarl 0.1 (before algorithms were chosen by name and before
+``chunk_size`` took ``"auto"``) still resume, and continue exactly as they would have.
+
+``tests/data/run_0_1`` is a 2-generation run of a tiny value-distance experiment written by
+that version (its ``config.json`` names no algorithm and says ``chunk_size = 0``);
+``run_0_1_mean_after_3.msgpack`` is the search mean that version reached running the same
+experiment straight for 3 generations.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import jax
+import numpy as np
+
+from metarl.run import MEAN_FILE, load_meta_params, read_run_config, resume
+
+DATA = Path(__file__).parent / "data"
+
+
+def test_a_run_of_metarl_0_1_resumes_and_continues_exactly(tmp_path):
+    run_dir = tmp_path / "old_run"
+    shutil.copytree(DATA / "run_0_1", run_dir)
+    saved = json.loads((run_dir / "config.json").read_text())
+    assert "algorithm" not in saved["inner"][0] and saved["run"]["chunk_size"] == 0
+
+    config = read_run_config(run_dir)
+    assert config.run.chunk_size == "auto"
+    assert type(config.inner[0]).__name__ == "PPOConfig"
+
+    result = resume(run_dir, generations=3)
+    assert [line["generation"] for line in result.history] == [1, 2, 3]
+    expected = load_meta_params(DATA / "run_0_1_mean_after_3.msgpack")
+    reached = load_meta_params(run_dir / MEAN_FILE)
+    for want, got in zip(jax.tree.leaves(expected), jax.tree.leaves(reached), strict=True):
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
