@@ -192,6 +192,23 @@ class EpisodeStats:
     running_length: jax.Array
 
 
+class EpisodeEnds(NamedTuple):
+    """Per rollout step ``[T, N]``: which episodes ended and their return and length."""
+
+    done: jax.Array
+    returns: jax.Array
+    lengths: jax.Array
+
+
+class RolloutCarry(NamedTuple):
+    """What one environment step of the rollout hands to the next."""
+
+    params: Any
+    env_state: Any
+    obs: jax.Array
+    episodes: EpisodeStats
+
+
 @struct.dataclass
 class PPOState:
     """Everything one PPO agent carries from update to update (the contract's state).
@@ -367,7 +384,7 @@ def build(config: PPOConfig, objective: Objective | None = None) -> Learner:
     def advance(state: PPOState, meta_params, hypers, num_updates: int):
         optimizer = _optimizer(hypers)
 
-        def env_step(carry, noise):
+        def env_step(carry: RolloutCarry, noise):
             params, env_state, obs, episodes = carry
             action_noise, env_noise = noise
             logits_or_mean, log_std, value = network.apply(params, obs)
@@ -378,13 +395,13 @@ def build(config: PPOConfig, objective: Objective | None = None) -> Learner:
             done = jnp.logical_or(step.terminated, step.truncated)
             running_return = episodes.running_return + step.raw_reward
             running_length = episodes.running_length + 1
-            finished = (done, running_return, running_length)
+            finished = EpisodeEnds(done, running_return, running_length)
             episodes = EpisodeStats(
                 jnp.where(done, 0.0, running_return), jnp.where(done, 0.0, running_length)
             )
             transition = Transition(obs, action, log_prob, value, step.reward, step.terminated,
                                     done, step.final_obs)
-            return (params, step.state, step.obs, episodes), (transition, finished)
+            return RolloutCarry(params, step.state, step.obs, episodes), (transition, finished)
 
         def update(state: PPOState, _):
             key, action_key, env_key, epoch_key = jax.random.split(state.key, 4)
@@ -395,8 +412,8 @@ def build(config: PPOConfig, objective: Objective | None = None) -> Learner:
                 vec_env.presample(env_key, num_steps),
             )
             params = state.params
-            (_, env_state, obs, episodes), (rollout, finished) = jax.lax.scan(
-                env_step, (params, state.env_state, state.obs, state.episodes), noise
+            carry, (rollout, finished) = jax.lax.scan(
+                env_step, RolloutCarry(params, state.env_state, state.obs, state.episodes), noise
             )
             next_values = network.apply(params, rollout.final_obs, method=network.value)
             advantages, targets = compute_gae(
@@ -433,7 +450,7 @@ def build(config: PPOConfig, objective: Objective | None = None) -> Learner:
                 epoch, (params, state.opt_state),
                 jax.random.split(epoch_key, config.update_epochs),
             )
-            done, returns, lengths = finished
+            done, returns, lengths = finished.done, finished.returns, finished.lengths
             count = done.sum()
             mean_return = jnp.where(
                 count > 0, jnp.sum(jnp.where(done, returns, 0.0)) / jnp.maximum(count, 1),
@@ -454,8 +471,8 @@ def build(config: PPOConfig, objective: Objective | None = None) -> Learner:
                 learning_rate=learning_rate,
             )
             state = PPOState(
-                params=params, opt_state=opt_state, env_state=env_state, obs=obs,
-                episodes=episodes, last_return=mean_return, last_length=mean_length, key=key,
+                params=params, opt_state=opt_state, env_state=carry.env_state, obs=carry.obs,
+                episodes=carry.episodes, last_return=mean_return, last_length=mean_length, key=key,
                 update_count=state.update_count + 1,
             )
             return state, summary
