@@ -33,7 +33,6 @@ from pathlib import Path
 from typing import Any
 
 from inner_loops.population import AUTO, check_chunk_size
-from inner_loops.ppo import PPOConfig
 from inner_loops.registry import DEFAULT_ALGORITHM, algorithm_of, get_algorithm
 from inner_loops.validation import (
     check_choice,
@@ -210,6 +209,11 @@ class RunConfig:
         check_positive_int("run.keep_checkpoints", self.keep_checkpoints, ConfigError)
 
 
+def default_inner_config() -> Any:
+    """The default algorithm's config with its defaults (PPO on CartPole-v1)."""
+    return get_algorithm(DEFAULT_ALGORITHM).config_class()
+
+
 @dataclass(frozen=True)
 class ExperimentConfig:
     """A whole meta-evolution experiment.
@@ -228,7 +232,7 @@ class ExperimentConfig:
     name: str = "experiment"
     description: str = ""
     objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
-    inner: tuple[Any, ...] = (PPOConfig(),)
+    inner: tuple[Any, ...] = field(default_factory=lambda: (default_inner_config(),))
     es: ESConfig = field(default_factory=ESConfig)
     fitness: FitnessConfig = field(default_factory=FitnessConfig)
     run: RunConfig = field(default_factory=RunConfig)

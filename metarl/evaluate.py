@@ -39,6 +39,7 @@ class ObjectiveResult:
         mean, ci_low, ci_high: mean over valid seeds and its 95% bootstrap interval.
         invalid: seeds whose training produced NaN or inf.
         curves: ``[S, U]`` episode return after every update.
+        steps_per_update: environment steps one agent takes per update (the curves' x unit).
     """
 
     objective: str
@@ -49,6 +50,7 @@ class ObjectiveResult:
     ci_high: float
     invalid: int
     curves: list[list[float]]
+    steps_per_update: int | None = None
 
 
 def bootstrap_ci(values: np.ndarray, confidence: float = 0.95, seed: int = 0
@@ -70,7 +72,8 @@ def evaluate_objective(objective, meta_params, inner, fitness: FitnessConfig,
                        seeds: int, eval_seed: int, name: str) -> ObjectiveResult:
     """Train ``seeds`` agents of ``inner``'s algorithm with ``objective`` (one jitted vmap)
     and summarise them."""
-    train = build_learner(inner, objective).train
+    learner = build_learner(inner, objective)
+    train = learner.train
     keys = jax.random.split(jax.random.PRNGKey(eval_seed), seeds)
     metrics = jax.jit(jax.vmap(train, in_axes=(0, None)))(keys, meta_params)
     returns = np.asarray(run_return(metrics, fitness))
@@ -86,6 +89,7 @@ def evaluate_objective(objective, meta_params, inner, fitness: FitnessConfig,
         ci_high=high,
         invalid=int((~valid).sum()),
         curves=[[None if np.isnan(v) else float(v) for v in row] for row in curves],
+        steps_per_update=learner.steps_per_update,
     )
 
 

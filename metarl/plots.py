@@ -641,8 +641,10 @@ def plot_run(run_dir: str | Path) -> list[Path]:
     evaluation = run_dir / EVALUATION_FILE
     if evaluation.is_file():
         report = json.loads(evaluation.read_text())
-        by_env = {inner.env_id: inner.batch_size for inner in config.inner}
-        steps = {r["env_id"]: by_env.get(r["env_id"], config.inner[0].batch_size)
+        # reports written before results recorded their steps per update came from PPO
+        by_env = {inner.env_id: getattr(inner, "batch_size", None) for inner in config.inner}
+        steps = {r["env_id"]: r.get("steps_per_update") or by_env.get(r["env_id"])
+                 or getattr(config.inner[0], "batch_size", 1)
                  for r in report.get("results", [])}
         fig = plot_learning_curves(report, steps_per_update=steps,
                                    title=f"{config.name}: held-out learning curves")
