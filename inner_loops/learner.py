@@ -40,6 +40,7 @@ import jax
 
 from inner_loops.envs import EnvSpec
 from inner_loops.objective import Objective
+from inner_loops.validation import check_positive_int
 
 InitFn = Callable[[jax.Array, Any, Any], Any]
 AdvanceFn = Callable[[Any, Any, Any, int], tuple[Any, dict[str, jax.Array]]]
@@ -93,8 +94,7 @@ class Learner:
         ``jax.jit(learner.advance, static_argnames="num_updates")``."""
         meta_params, hypers = self._resolve(meta_params, hypers)
         num_updates = self.num_updates if num_updates is None else num_updates
-        if isinstance(num_updates, bool) or not isinstance(num_updates, int) or num_updates < 1:
-            raise ValueError(f"num_updates: must be a positive integer, got {num_updates!r}")
+        check_positive_int("num_updates", num_updates)
         return self.advance_fn(state, meta_params, hypers, num_updates)
 
     def train(self, key: jax.Array, meta_params=None, hypers=None) -> dict[str, jax.Array]:

@@ -44,6 +44,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from inner_loops import population
 from inner_loops.population import AUTO, ChunkSize
+from inner_loops.validation import check_positive_int
 
 POPULATION_AXIS = "population"
 
@@ -71,8 +72,7 @@ def use_cpu_cores(count: int | None = None) -> int:
     if count is None:
         count = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
             os.cpu_count() or 1)
-    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-        raise ValueError(f"count: must be a positive integer, got {count!r}")
+    check_positive_int("count", count)
     try:
         jax.config.update("jax_num_cpu_devices", count)
     except RuntimeError as error:
