@@ -1,0 +1,2 @@
+"""Run kinds that train a population of agents and edit it as it trains: population-based
+training (:mod:`.pbt`) over hyperparameter priors (:mod:`.priors`)."""
