@@ -1,4 +1,4 @@
-"""``metarl evolve | resume | evaluate | plot`` — the command line of the toolkit.
+"""``metarl evolve | resume | evaluate | plot | sweep`` — the command line of the toolkit.
 
 For several processes (one per node), start ``metarl --distributed evolve ...`` in each:
 it initialises ``jax.distributed`` (:mod:`metarl.distributed`) and then runs the command;
@@ -53,6 +53,28 @@ def _evaluate(args) -> int:
                           args.eval_seed, args.total_timesteps)
     print(format_table(report))
     print(f"saved {Path(args.run_dir) / EVALUATION_FILE}")
+    return 0
+
+
+def _sweep(args) -> int:
+    from datetime import datetime
+
+    from metarl.config import load_config
+    from metarl.sweep import format_sweep, parse_grid, run_sweep, save_sweep
+
+    config = load_config(args.config, args.set)
+    grid = [parse_grid(text) for text in args.grid]
+    report = run_sweep(config, grid, args.seeds, args.seed)
+    if not distributed.is_primary():
+        return 0
+    out = args.out or Path(config.run.output_dir) / (
+        f"{config.name}-sweep-{datetime.now():%Y%m%d-%H%M%S}")
+    written = save_sweep(report, out, plots=not args.no_plots)
+    print(format_sweep(report))
+    print(f"{report['agents']} agents ({report['agent_steps']:,} agent-steps) trained as one "
+          f"program in {report['train_seconds']:.1f} s after {report['compile_seconds']:.1f} s "
+          "of compilation")
+    print(f"saved {', '.join(str(path) for path in written)}")
     return 0
 
 
@@ -139,6 +161,24 @@ def build_parser() -> argparse.ArgumentParser:
     plot = commands.add_parser("plot", help="draw the learned objective and the run as PNGs")
     plot.add_argument("run_dir")
     plot.set_defaults(handler=_plot)
+
+    sweep = commands.add_parser(
+        "sweep", help="train every combination of a hyperparameter grid × seeds as one "
+                      "vmapped population and tabulate the results")
+    sweep.add_argument("config", help="experiment file: its first [inner] table and its "
+                                      "objective are what is swept")
+    sweep.add_argument("--grid", action="append", default=[], metavar="FIELD=V1,V2,...",
+                       help="a traced hyperparameter and its values, e.g. "
+                            "--grid inner.learning_rate=1e-4,3e-4,1e-3 (repeatable: the "
+                            "combinations of all of them are trained)")
+    sweep.add_argument("--seeds", type=int, default=8, help="seeds per combination (default 8)")
+    sweep.add_argument("--seed", type=int, default=0, help="first PRNG seed")
+    sweep.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                       help="override a config field first, as for evolve")
+    sweep.add_argument("--out", default=None,
+                       help="output folder (default: <run.output_dir>/<name>-sweep-<time>)")
+    sweep.add_argument("--no-plots", action="store_true", help="write the table only")
+    sweep.set_defaults(handler=_sweep)
 
     devices = commands.add_parser(
         "devices", help="list the JAX devices a run would shard its population over"

@@ -684,11 +684,80 @@ def _read_meta_params(path: Path, template: Any) -> Any:
     return params
 
 
+# --------------------------------------------------------------------------------------
+# hyperparameter sweeps
+
+
+def _setting_label(setting: Mapping[str, float]) -> str:
+    return ", ".join(f"{name} {value:g}" for name, value in setting.items())
+
+
+def plot_sweep_curves(report: Mapping[str, Any], title: str | None = None) -> Figure:
+    """Learning curves of every combination of a sweep (:func:`metarl.sweep.run_sweep`):
+    mean episode return over seeds with a 95% confidence band, the best combination first
+    in the legend."""
+    results = sorted(report["results"], key=lambda r: -np.nan_to_num(r["mean"], nan=-np.inf))
+    if not results:
+        raise ValueError("plot_sweep_curves: the report has no results")
+    fig = _new_figure(7.5, 4.6)
+    ax = fig.subplots()
+    scale = report.get("steps_per_update")
+    colours = matplotlib.colormaps[SEQUENTIAL_CMAP](np.linspace(0.0, 0.9, len(results)))
+    for colour, result in zip(colours, results, strict=True):
+        curves = np.array([[np.nan if v is None else v for v in row]
+                           for row in result["curves"]], np.float64)
+        mean, low, high = _mean_ci(curves)
+        x = np.arange(1, curves.shape[1] + 1, dtype=np.float64) * (scale or 1)
+        ax.plot(x, mean, color=colour, lw=1.8,
+                label=f"{_setting_label(result['setting'])}: {result['mean']:.4g}")
+        ax.fill_between(x, low, high, color=colour, alpha=0.12)
+    ax.set_xlabel("environment steps per agent" if scale else "update")
+    ax.set_ylabel("episode return")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="x-small", title=f"{report['metric']} over {report['seeds']} seeds",
+              title_fontsize="small")
+    fig.suptitle(title or f"Sweep of {report['algorithm']} on {report['env_id']}: "
+                          "learning curves (bands: 95% CI of the mean)")
+    return fig
+
+
+def plot_sweep_heatmap(report: Mapping[str, Any], title: str | None = None) -> Figure:
+    """Mean score of each combination of a two-axis sweep, one cell per combination with
+    its value written in it."""
+    names = list(report["grid"])
+    if len(names) != 2:
+        raise ValueError(f"plot_sweep_heatmap: needs a grid of two axes, got {names}")
+    rows, cols = (report["grid"][name] for name in names)
+    grid = np.full((len(rows), len(cols)), np.nan)
+    for result in report["results"]:
+        setting = result["setting"]
+        grid[rows.index(setting[names[0]]), cols.index(setting[names[1]])] = result["mean"]
+    fig = _new_figure(1.6 + 1.3 * len(cols), 1.4 + 0.8 * len(rows))
+    ax = fig.subplots()
+    image = ax.imshow(grid, cmap=SEQUENTIAL_CMAP, aspect="auto", origin="lower")
+    colorbar = fig.colorbar(image, ax=ax)
+    colorbar.set_label(f"{report['metric']} (mean over {report['seeds']} seeds)")
+    finite = grid[np.isfinite(grid)]
+    middle = (finite.min() + finite.max()) / 2 if finite.size else 0.0
+    for (i, j), value in np.ndenumerate(grid):
+        text = "invalid" if np.isnan(value) else f"{value:.4g}"
+        ax.text(j, i, text, ha="center", va="center", fontsize="small",
+                color="white" if np.isnan(value) or value < middle else "black")
+    ax.set_xticks(range(len(cols)), [f"{c:g}" for c in cols])
+    ax.set_yticks(range(len(rows)), [f"{r:g}" for r in rows])
+    ax.set_xlabel(names[1])
+    ax.set_ylabel(names[0])
+    ax.set_title(title or f"Sweep of {report['algorithm']} on {report['env_id']}")
+    return fig
+
+
 __all__ = [
     "plot_drift",
     "plot_fitness",
     "plot_learning_curves",
     "plot_run",
+    "plot_sweep_curves",
+    "plot_sweep_heatmap",
     "plot_temporal_drift",
     "plot_value_distance",
 ]

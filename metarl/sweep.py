@@ -1,0 +1,221 @@
+"""Hyperparameter sweeps trained as one program: every combination × seed of a grid is one
+member of a vmapped (chunked, sharded) population.
+
+Only an algorithm's traced hyperparameters (its ``Hyperparams`` fields: learning rate,
+discount, ...) can vary inside one program; settings that shape arrays (network widths,
+batch sizes) need one program each, and asking to sweep one is an error that says so.
+Results: a table of each combination's score with a 95% bootstrap interval, learning
+curves, and a heatmap when the grid has two axes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import math
+import time
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from inner_loops.population import stack_hyperparams
+from metarl.config import ConfigError, ExperimentConfig
+from metarl.evaluate import bootstrap_ci
+from metarl.evolution import build_learner
+from metarl.fitness import run_is_valid, run_return
+
+SWEEP_FILE = "sweep.json"
+FIELD_PREFIX = "inner."
+
+
+@dataclass(frozen=True)
+class GridAxis:
+    """One swept hyperparameter and its values, e.g. ``learning_rate`` over ``[1e-4, 1e-3]``."""
+
+    name: str
+    values: tuple[float, ...]
+
+
+def parse_grid(text: str) -> GridAxis:
+    """``"inner.learning_rate=1e-4,3e-4,1e-3"`` -> :class:`GridAxis` (values parsed as TOML
+    numbers; the ``inner.`` prefix is optional)."""
+    if "=" not in text:
+        raise ConfigError(f"--grid {text!r}: expected FIELD=VALUE,VALUE,...")
+    field, _, listed = text.partition("=")
+    name = field.strip().removeprefix(FIELD_PREFIX)
+    values = []
+    for part in listed.split(","):
+        try:
+            value = tomllib.loads(f"v = {part.strip()}")["v"]
+        except tomllib.TOMLDecodeError:
+            value = part.strip()
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(f"--grid {field.strip()}: {part.strip()!r} is not a number")
+        values.append(float(value))
+    if not values or len(set(values)) != len(values):
+        raise ConfigError(f"--grid {field.strip()}: give distinct values, got {listed!r}")
+    return GridAxis(name, tuple(values))
+
+
+def check_grid(inner: Any, learner, grid: list[GridAxis]) -> None:
+    """Raise :class:`ConfigError` naming the field when an axis cannot be swept in one
+    program (it sets array shapes, or is no setting at all) or a value is not allowed."""
+    traced = learner.default_hypers._fields
+    names = [axis.name for axis in grid]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"--grid: {FIELD_PREFIX}{names} names a field twice")
+    settings = {f.name for f in dataclasses.fields(inner)}
+    for axis in grid:
+        path = f"{FIELD_PREFIX}{axis.name}"
+        if axis.name not in settings:
+            raise ConfigError(f"--grid {path}: {type(inner).__name__} has no such field; "
+                              f"sweepable: {', '.join(traced)}")
+        if axis.name not in traced:
+            raise ConfigError(
+                f"--grid {path}: sets array shapes or the program's structure, so one program "
+                f"cannot vary it; sweepable in one program: {', '.join(traced)}. Run one "
+                f"sweep per value of {axis.name} instead (--set {path}=...)")
+        for value in axis.values:
+            try:
+                inner.replace(**{axis.name: value})
+            except ValueError as error:
+                raise ConfigError(f"--grid {FIELD_PREFIX}{error}") from None
+
+
+def sweep_population(learner, grid: list[GridAxis], seeds: int, seed: int = 0):
+    """``(settings, keys [P, 2], hypers [P])`` of a sweep: member ``c * seeds + s`` trains
+    combination ``settings[c]`` with seed ``s``; every combination sees the same seeds."""
+    settings = [dict(zip([a.name for a in grid], values, strict=True))
+                for values in itertools.product(*[a.values for a in grid])]
+    hypers = stack_hyperparams([
+        learner.default_hypers._replace(**{k: jnp.float32(v) for k, v in setting.items()})
+        for setting in settings for _ in range(seeds)])
+    keys = jnp.concatenate([jax.random.split(jax.random.PRNGKey(seed), seeds)] * len(settings))
+    return settings, keys, hypers
+
+
+@dataclass(frozen=True)
+class SweepResult:
+    """One combination of the grid.
+
+    Attributes:
+        setting: hyperparameter name -> value.
+        returns: ``[S]`` score of each seed (the experiment's fitness metric).
+        mean, ci_low, ci_high: mean over valid seeds and its 95% bootstrap interval.
+        invalid: seeds whose training produced NaN or inf.
+        curves: ``[S, U]`` episode return after every update (None before the first).
+    """
+
+    setting: dict[str, float]
+    returns: list[float]
+    mean: float
+    ci_low: float
+    ci_high: float
+    invalid: int
+    curves: list[list[float | None]]
+
+
+def run_sweep(config: ExperimentConfig, grid: list[GridAxis], seeds: int,
+              seed: int = 0, chunk_size="auto", mesh=None) -> dict[str, Any]:
+    """Train every combination of ``grid`` × ``seeds`` with the experiment's first
+    ``[inner]`` settings and objective (its initial meta-parameters), as one jitted
+    population. Returns the report (see :func:`save_sweep`)."""
+    if not grid:
+        raise ConfigError("--grid: give at least one FIELD=VALUES")
+    if isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 2:
+        raise ConfigError(f"--seeds: need at least 2 for a confidence interval, got {seeds}")
+    inner = config.inner[0]
+    learner = build_learner(inner, config.objective.build())
+    check_grid(inner, learner, grid)
+    settings, keys, hypers = sweep_population(learner, grid, seeds, seed)
+    members = len(settings) * seeds
+
+    from metarl import sharding
+
+    def train(keys, hypers):
+        metrics = sharding.train_population(learner.train, keys, None, hypers, chunk_size, mesh)
+        returns = run_return(metrics, config.fitness)
+        return metrics["episode_return"], returns, run_is_valid(metrics, returns)
+
+    started = time.perf_counter()
+    compiled = jax.jit(train).lower(keys, hypers).compile()
+    compile_seconds = time.perf_counter() - started
+    started = time.perf_counter()
+    curves, returns, valid = jax.device_get(compiled(keys, hypers))
+    train_seconds = time.perf_counter() - started
+
+    results = []
+    for index, setting in enumerate(settings):
+        rows = slice(index * seeds, (index + 1) * seeds)
+        scores, ok = np.asarray(returns[rows], np.float64), np.asarray(valid[rows], bool)
+        low, high = bootstrap_ci(scores[ok]) if ok.any() else (math.nan, math.nan)
+        results.append(SweepResult(
+            setting=setting,
+            returns=[float(r) for r in scores],
+            mean=float(np.mean(scores[ok])) if ok.any() else math.nan,
+            ci_low=low, ci_high=high, invalid=int((~ok).sum()),
+            curves=[[None if np.isnan(v) else float(v) for v in row]
+                    for row in np.asarray(curves[rows], np.float64)],
+        ))
+    return {
+        "experiment": config.name,
+        "algorithm": learner.algorithm,
+        "env_id": inner.env_id,
+        "objective": config.objective.name,
+        "metric": config.fitness.metric,
+        "grid": {axis.name: list(axis.values) for axis in grid},
+        "seeds": seeds,
+        "seed": seed,
+        "agents": members,
+        "steps_per_update": learner.steps_per_update,
+        "agent_steps": members * learner.steps_per_agent,
+        "compile_seconds": round(compile_seconds, 2),
+        "train_seconds": round(train_seconds, 2),
+        "results": [dataclasses.asdict(r) for r in results],
+    }
+
+
+def format_sweep(report: dict[str, Any]) -> str:
+    """Plain-text table: one row per combination, best first."""
+    names = list(report["grid"])
+    rows = [(*names, f"{report['metric']} (mean)", "95% CI", "invalid")]
+    ranked = sorted(report["results"], key=lambda r: -np.nan_to_num(r["mean"], nan=-np.inf))
+    for r in ranked:
+        rows.append((*[f"{r['setting'][n]:g}" for n in names], f"{r['mean']:.2f}",
+                     f"[{r['ci_low']:.2f}, {r['ci_high']:.2f}]", str(r["invalid"])))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True))
+                     for row in rows)
+
+
+def save_sweep(report: dict[str, Any], out_dir: str | Path, plots: bool = True) -> list[Path]:
+    """Write ``sweep.json``, ``sweep.txt`` and (with ``plots``) ``learning_curves.png`` and,
+    for a two-axis grid, ``heatmap.png`` into ``out_dir``; returns the paths written."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    written = [out / SWEEP_FILE, out / "sweep.txt"]
+    _write_atomically(written[0], json.dumps(report, indent=1))
+    _write_atomically(written[1], format_sweep(report) + "\n")
+    if plots:
+        from metarl.plots import plot_sweep_curves, plot_sweep_heatmap
+
+        fig = plot_sweep_curves(report)
+        fig.savefig(out / "learning_curves.png", dpi=110)
+        written.append(out / "learning_curves.png")
+        if len(report["grid"]) == 2:
+            fig = plot_sweep_heatmap(report)
+            fig.savefig(out / "heatmap.png", dpi=110)
+            written.append(out / "heatmap.png")
+    return written
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(text)
+    partial.replace(path)
