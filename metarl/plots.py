@@ -751,10 +751,76 @@ def plot_sweep_heatmap(report: Mapping[str, Any], title: str | None = None) -> F
     return fig
 
 
+# --------------------------------------------------------------------------------------
+# population-based training
+
+
+def plot_pbt(history: Sequence[Mapping[str, Any]], steps_per_update: int | None = None,
+             title: str | None = None) -> Figure:
+    """A PBT run (:attr:`metarl.population.pbt.PBTResult.history`): the return of every
+    member over training, and one panel per explored hyperparameter with every member's
+    schedule; exploit events are marked where a member took another's state, and the
+    lineage of the final best member is drawn bold.
+
+    Args:
+        history: one record per segment (``fitness``, ``hypers``, ``source``, ``replaced``,
+            ``returns [P, U]``).
+        steps_per_update: environment steps per update, for an x axis in steps.
+        title: figure title.
+    """
+    from metarl.population.pbt import lineage
+
+    if not history:
+        raise ValueError("plot_pbt: the history is empty")
+    names = [name for name, _ in history[0]["hypers"].items()
+             if any(len(set(record["hypers"][name])) > 1 for record in history)]
+    segment_updates = len(history[0]["returns"][0])
+    scale = steps_per_update or 1
+    size = len(history[0]["fitness"])
+    best = int(np.nanargmax(np.asarray(history[-1]["fitness"], np.float64)))
+    chain = lineage(history, best)
+    fig = _new_figure(7.5, 2.6 * (1 + len(names)))
+    axes = np.atleast_1d(fig.subplots(1 + len(names), 1, sharex=True, squeeze=False)[:, 0])
+    colours = matplotlib.colormaps["tab20"](np.linspace(0.0, 1.0, max(size, 2)))
+    returns = np.concatenate([np.asarray(r["returns"], np.float64) for r in history], axis=1)
+    x = np.arange(1, returns.shape[1] + 1) * scale
+    for member in range(size):
+        axes[0].plot(x, returns[member], color=colours[member], lw=0.8, alpha=0.6)
+    lineage_returns = np.concatenate([np.asarray(record["returns"][m], np.float64)
+                                      for record, m in zip(history, chain, strict=True)])
+    axes[0].plot(x, lineage_returns, color="black", lw=2.2, label=f"lineage of member {best}")
+    axes[0].set_ylabel("episode return")
+    axes[0].legend(fontsize="small")
+    edges = np.arange(len(history) + 1) * segment_updates * scale
+    for ax, name in zip(axes[1:], names, strict=True):
+        values = np.array([record["hypers"][name] for record in history], np.float64)  # [S, P]
+        for member in range(size):
+            ax.step(edges, np.append(values[:, member], values[-1, member]), where="post",
+                    color=colours[member], lw=0.9, alpha=0.7)
+        chain_values = [values[s, m] for s, m in enumerate(chain)]
+        ax.step(edges, chain_values + chain_values[-1:], where="post", color="black", lw=2.2)
+        for s, record in enumerate(history[:-1]):
+            replaced = np.flatnonzero(record["replaced"])
+            ax.scatter(np.full(replaced.size, edges[s + 1]), values[s + 1, replaced],
+                       marker="v", s=18, color="C3", zorder=3,
+                       label="exploit (copied a better member)" if s == 0 and replaced.size
+                       else None)
+        if np.all(values > 0) and values.max() / values.min() > 20:
+            ax.set_yscale("log")
+        ax.set_ylabel(name)
+        ax.legend(fontsize="small", loc="best")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+    axes[-1].set_xlabel("environment steps per member" if steps_per_update else "update")
+    fig.suptitle(title or f"Population-based training: {size} members, {len(history)} segments")
+    return fig
+
+
 __all__ = [
     "plot_drift",
     "plot_fitness",
     "plot_learning_curves",
+    "plot_pbt",
     "plot_run",
     "plot_sweep_curves",
     "plot_sweep_heatmap",

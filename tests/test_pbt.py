@@ -209,3 +209,21 @@ def test_ppo_segments_copy_members_that_continue_as_their_sources():
     ratio = float(new_hypers.learning_rate[target]) / float(hypers.learning_rate[source])
     clipped = float(new_hypers.learning_rate[target]) in (np.float32(1e-4), np.float32(1e-2))
     assert clipped or any(math.isclose(ratio, f, rel_tol=1e-5) for f in (0.8, 1.2))
+
+
+def test_plot_pbt_draws_returns_schedules_exploits_and_the_winning_lineage():
+    from metarl.plots import plot_pbt
+
+    learner = stand_in_learner()
+    config = PBTConfig(population_size=8, segment_updates=6, exploit_fraction=0.25,
+                       priors={"learning_rate": Prior(1e-6, 1.0, log=True)})
+    result = train_pbt(learner, config, jax.random.PRNGKey(1), chunk_size=8)
+    fig = plot_pbt(result.history, steps_per_update=8)
+    returns_ax, lr_ax = [ax for ax in fig.axes if ax.get_ylabel()]
+    assert returns_ax.get_ylabel() == "episode return" and lr_ax.get_ylabel() == "learning_rate"
+    assert lr_ax.get_yscale() == "log"  # the prior spans six decades
+    # one line per member plus the bold lineage, in both panels
+    assert len(returns_ax.lines) == len(lr_ax.lines) == 8 + 1
+    exploits = sum(sum(record["replaced"]) for record in result.history)
+    assert sum(len(c.get_offsets()) for c in lr_ax.collections) == exploits == 2 * 9
+    assert lr_ax.get_xlabel() == "environment steps per member"
