@@ -1,4 +1,5 @@
-"""``metarl evolve | resume | evaluate | plot | sweep`` — the command line of the toolkit.
+"""``metarl evolve | resume | evaluate | plot | compare | sweep`` — the command line of the
+toolkit.
 
 For several processes (one per node), start ``metarl --distributed evolve ...`` in each:
 it initialises ``jax.distributed`` (:mod:`metarl.distributed`) and then runs the command;
@@ -53,6 +54,21 @@ def _evaluate(args) -> int:
                           args.eval_seed, args.total_timesteps)
     print(format_table(report))
     print(f"saved {Path(args.run_dir) / EVALUATION_FILE}")
+    return 0
+
+
+def _compare(args) -> int:
+    from datetime import datetime
+
+    from metarl.compare import compare_runs, format_comparison, save_comparison
+
+    comparison = compare_runs(args.run_dirs)
+    print(format_comparison(comparison))
+    if not args.no_plots:
+        out = args.out or Path(args.run_dirs[0]).parent / (
+            f"compare-{datetime.now():%Y%m%d-%H%M%S}")
+        written = save_comparison(comparison, out)
+        print(f"saved {', '.join(str(path) for path in written)}")
     return 0
 
 
@@ -161,6 +177,16 @@ def build_parser() -> argparse.ArgumentParser:
     plot = commands.add_parser("plot", help="draw the learned objective and the run as PNGs")
     plot.add_argument("run_dir")
     plot.set_defaults(handler=_plot)
+
+    compare = commands.add_parser(
+        "compare", help="tabulate several runs, the settings in which they differ, and draw "
+                        "their fitness and learned functions together")
+    compare.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
+    compare.add_argument("--out", default=None,
+                         help="folder for the figures and table (default: compare-<time> "
+                              "beside the first run)")
+    compare.add_argument("--no-plots", action="store_true", help="print the table only")
+    compare.set_defaults(handler=_compare)
 
     sweep = commands.add_parser(
         "sweep", help="train every combination of a hyperparameter grid × seeds as one "

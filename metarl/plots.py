@@ -662,6 +662,13 @@ def _load_candidates(run_dir: Path, config) -> dict[str, Any]:
     return candidates
 
 
+def load_candidate_meta_params(path: str | Path, config) -> Any:
+    """Meta-parameters saved at ``path`` by a run of ``config``, as float32 arrays in the
+    structure of its objective (:class:`RunError` when they do not fit it)."""
+    template = config.objective.build().init(jax.random.PRNGKey(0))
+    return _read_meta_params(Path(path), template)
+
+
 def _read_meta_params(path: Path, template: Any) -> Any:
     """Meta-parameters from ``path`` as float32 arrays in ``template``'s structure."""
     try:
