@@ -27,6 +27,7 @@ import pytest
 from inner_loops import make_learner, stack_hyperparams, train_population
 from inner_loops.dqn import DQNConfig, epsilon_at, make_q_network
 from inner_loops.objective import LossTerm, Objective, ppo_clip
+from inner_loops.population import agent_state_bytes, check_population_memory
 from inner_loops.probe_envs import PROBES, exact_q
 from metarl.config import ConfigError, config_from_dict
 from metarl.objectives import register_objective
@@ -314,3 +315,22 @@ def test_bad_config_names_the_field(changes, field, words):
     assert message.startswith(f"{field}"), message
     for word in words:
         assert word in message, message
+
+
+def test_population_memory_is_known_before_allocating(tiny, compilations):
+    """A DQN agent's state is dominated by its buffer (32 CartPole transitions of 41 bytes
+    here); the check counts the agents one device holds at once and names the options."""
+    learner = tiny["learner"]
+    before = compilations.count()
+    per_agent = agent_state_bytes(learner)
+    assert compilations.count() == before  # shapes only
+    assert 32 * 41 < per_agent < 32 * 41 + 20_000
+    assert check_population_memory(learner, 64, chunk_size=8, available=10**9) == 8 * per_agent
+    assert check_population_memory(learner, 64, chunk_size=64, num_devices=4,
+                                   available=10**9) == 16 * per_agent
+    with pytest.raises(MemoryError) as info:
+        check_population_memory(learner, 64, chunk_size=64, available=20 * per_agent)
+    message = str(info.value)
+    for words in ("64 agents at once", "buffer_size", "chunk_size (at most 16 agents",
+                  "more devices"):
+        assert words in message, message
