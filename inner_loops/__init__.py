@@ -4,6 +4,7 @@ Every algorithm implements the contract of :mod:`inner_loops.learner` (``init`` 
 ``advance`` / ``train``) and is found by name in :mod:`inner_loops.registry`.
 """
 
+from inner_loops.dqn import DQNConfig
 from inner_loops.envs import EnvSpec, available_envs, make_env, make_vec_env
 from inner_loops.learner import Learner
 from inner_loops.objective import LossInputs, LossTerm, Objective, ppo_objective
@@ -26,6 +27,7 @@ from inner_loops.registry import (
 )
 
 __all__ = [
+    "DQNConfig",
     "EnvSpec",
     "Hyperparams",
     "Learner",

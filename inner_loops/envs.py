@@ -17,8 +17,10 @@ which matters on the CPU, where XLA runs each threefry draw as a small loop of i
 :func:`make_vec_env` batches ``num_envs`` copies and optionally keeps running observation
 and reward normalisation statistics (for continuous control).
 
-Environment ids: any gymnax id (``CartPole-v1``, ``Breakout-MinAtar``, ...) or
-``brax/<name>`` for brax (``brax/ant``, ``brax/hopper``, ``brax/halfcheetah``, ...).
+Environment ids: any gymnax id (``CartPole-v1``, ``Breakout-MinAtar``, ...),
+``brax/<name>`` for brax (``brax/ant``, ``brax/hopper``, ``brax/halfcheetah``, ...), or
+``probe/<name>-<discrete|continuous>`` for the probe tasks of :mod:`inner_loops.probe_envs`,
+whose exact Q-values are known.
 
 Environment parameters: ``env_params`` overrides scalar fields of a gymnax environment's
 default ``EnvParams`` (``{"max_steps_in_episode": 200}``, CartPole's ``"gravity"`` ...), set
@@ -41,6 +43,7 @@ import numpy as np
 from flax import struct
 
 BRAX_PREFIX = "brax/"
+PROBE_PREFIX = "probe/"
 BRAX_EPISODE_LENGTH = 1000
 
 
@@ -54,6 +57,7 @@ class EnvSpec:
         discrete: whether actions are integers in ``[0, num_actions)``.
         action_dim: number of discrete actions, or the size of a continuous action vector.
         action_low, action_high: bounds of continuous actions (``None`` when discrete).
+        max_episode_steps: the time limit of an episode, when the environment has one.
     """
 
     env_id: str
@@ -62,6 +66,7 @@ class EnvSpec:
     action_dim: int
     action_low: tuple[float, ...] | None = None
     action_high: tuple[float, ...] | None = None
+    max_episode_steps: int | None = None
 
 
 class EnvStep(NamedTuple):
@@ -112,7 +117,10 @@ def available_envs() -> list[str]:
     """Every id :func:`make_env` accepts."""
     import gymnax
 
-    return list(gymnax.registered_envs) + [BRAX_PREFIX + name for name in _brax_names()]
+    from inner_loops.probe_envs import probe_ids
+
+    return (list(gymnax.registered_envs) + [BRAX_PREFIX + name for name in _brax_names()]
+            + probe_ids())
 
 
 def _brax_names() -> list[str]:
@@ -159,6 +167,10 @@ def make_env(env_id: str, env_params: Mapping[str, Any] | Iterable[tuple[str, An
     pairs = env_param_pairs(env_params)
     if env_id.startswith(BRAX_PREFIX):
         return _cached_brax_env(env_id, pairs)
+    if env_id.startswith(PROBE_PREFIX):
+        from inner_loops.probe_envs import make_probe_env
+
+        return make_probe_env(env_id, pairs)
     return _cached_gymnax_env(env_id, pairs)
 
 
@@ -211,8 +223,11 @@ def _cached_gymnax_env(env_id: str, env_params: EnvParamPairs = ()) -> Env:
     params = _with_overrides(env_id, params, env_params)
     action_space = env.action_space(params)
     obs_shape = tuple(env.observation_space(params).shape)
+    time_limit = getattr(params, "max_steps_in_episode", None)
+    time_limit = None if time_limit is None else int(time_limit)
     if isinstance(action_space, spaces.Discrete):
-        spec = EnvSpec(env_id, obs_shape, True, int(action_space.n))
+        spec = EnvSpec(env_id, obs_shape, True, int(action_space.n),
+                       max_episode_steps=time_limit)
     else:
         shape = tuple(action_space.shape) or (1,)
         # numpy, not jnp: building an environment starts no JAX computation
@@ -225,6 +240,7 @@ def _cached_gymnax_env(env_id: str, env_params: EnvParamPairs = ()) -> Env:
             int(shape[0]),
             tuple(float(x) for x in low.reshape(-1)),
             tuple(float(x) for x in high.reshape(-1)),
+            time_limit,
         )
     scalar_action = not spec.discrete and tuple(action_space.shape) == ()
     # An env that overrides gymnax's auto-resetting ``step`` (bsuite's DeepSea carries
@@ -291,7 +307,7 @@ def _cached_brax_env(env_id: str, env_params: EnvParamPairs = ()) -> Env:
         env = brax_envs.get_environment(name, backend="positional")
     size = env.action_size
     spec = EnvSpec(env_id, (int(env.observation_size),), False, int(size), (-1.0,) * size,
-                   (1.0,) * size)
+                   (1.0,) * size, episode_length)
 
     def reset(key):
         env_state = env.reset(key)

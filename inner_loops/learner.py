@@ -26,6 +26,11 @@ lives in the config and is static.
 when none finished, NaN before the first) and ``finite`` (every loss of the update was
 finite); fitness and evaluation read only these two.
 
+An algorithm may also offer ``evaluate(state, key) -> metrics``: deterministic episodes
+(greedy or mean action) of the agent's current policy, reported as ``eval_return`` and
+``eval_length`` (``[]`` each) so they are never mistaken for the training returns, which
+come from the exploring policy.
+
 A population is the same pytree with a leading agent axis: see :mod:`inner_loops.population`
 for ``vmap``, chunking and editing members, and :mod:`metarl.sharding` for devices.
 """
@@ -44,6 +49,7 @@ from inner_loops.validation import check_positive_int
 
 InitFn = Callable[[jax.Array, Any, Any], Any]
 AdvanceFn = Callable[[Any, Any, Any, int], tuple[Any, dict[str, jax.Array]]]
+EvaluateFn = Callable[[Any, jax.Array], dict[str, jax.Array]]
 
 
 @dataclass(frozen=True, eq=False)
@@ -61,6 +67,9 @@ class Learner:
         advance_fn: ``(state, meta_params, hypers, num_updates) -> (state, metrics)``.
         default_meta_params: ``objective.init(PRNGKey(0))``.
         default_hypers: the config's hyperparameters as ``[]`` float32 arrays.
+        evaluate_fn: ``(state, key) -> {"eval_return": [], "eval_length": [], ...}``,
+            deterministic episodes of the current policy; ``None`` when the algorithm has
+            none.
     """
 
     algorithm: str
@@ -73,6 +82,7 @@ class Learner:
     advance_fn: AdvanceFn
     default_meta_params: Any
     default_hypers: Any
+    evaluate_fn: EvaluateFn | None = None
 
     @property
     def steps_per_agent(self) -> int:
@@ -103,3 +113,10 @@ class Learner:
         state = self.init_fn(key, meta_params, hypers)
         _, metrics = self.advance_fn(state, meta_params, hypers, self.num_updates)
         return metrics
+
+    def evaluate(self, state, key: jax.Array) -> dict[str, jax.Array]:
+        """Deterministic episodes (greedy or mean action) of ``state``'s current policy:
+        ``eval_return`` and ``eval_length``, ``[]`` each (see the module docstring)."""
+        if self.evaluate_fn is None:
+            raise ValueError(f"algorithm {self.algorithm!r} has no deterministic evaluation")
+        return self.evaluate_fn(state, key)

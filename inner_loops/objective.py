@@ -171,6 +171,30 @@ def clipped_l2() -> LossTerm:
     return LossTerm("clipped_l2", no_meta_params, _clipped_l2_loss)
 
 
+def _squared_error_loss(meta_params: dict, inputs: LossInputs) -> jax.Array:
+    del meta_params
+    return 0.5 * jnp.mean(jnp.square(inputs.values - inputs.targets))
+
+
+def _huber_loss(meta_params: dict, inputs: LossInputs) -> jax.Array:
+    del meta_params
+    error = jnp.abs(inputs.values - inputs.targets)
+    quadratic = jnp.minimum(error, 1.0)
+    return jnp.mean(0.5 * jnp.square(quadratic) + (error - quadratic))
+
+
+def squared_error() -> LossTerm:
+    """The L2 regression loss ``0.5 mean((values - targets)^2)`` (named ``"l2"``), e.g. an
+    off-policy critic's TD loss with ``targets`` the bootstrapped TD targets."""
+    return LossTerm("l2", no_meta_params, _squared_error_loss)
+
+
+def huber() -> LossTerm:
+    """The Huber loss of ``values - targets`` with threshold 1 (quadratic within ±1,
+    linear beyond: bounded gradients for large TD errors), averaged over the batch."""
+    return LossTerm("huber", no_meta_params, _huber_loss)
+
+
 def ppo_objective() -> Objective:
     """Standard PPO: clipped surrogate and clipped L2 value loss, no meta-parameters."""
     return Objective(policy=ppo_clip(), value=clipped_l2(), algorithms=("ppo",))

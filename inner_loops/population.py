@@ -18,6 +18,7 @@ it in one ``vmap``. Sharding over devices is :mod:`metarl.sharding`.
 
 from __future__ import annotations
 
+import math
 import operator
 from typing import Any, Literal
 
@@ -126,3 +127,45 @@ def stack_hyperparams(hypers: list) -> Any:
 def broadcast_to_population(tree: Any, size: int) -> Any:
     """Repeat every leaf of ``tree`` along a new leading axis of ``size``."""
     return jax.tree.map(lambda x: jnp.broadcast_to(jnp.asarray(x), (size, *jnp.shape(x))), tree)
+
+
+def agent_state_bytes(learner) -> int:
+    """Bytes of one agent's state (replay buffer included), from shapes alone: the learner's
+    ``init`` is traced with ``jax.eval_shape``, nothing is allocated."""
+    shapes = jax.eval_shape(learner.init, jax.ShapeDtypeStruct((2,), jnp.uint32))
+    return sum(math.prod(x.shape) * jnp.dtype(x.dtype).itemsize
+               for x in jax.tree.leaves(shapes))
+
+
+def check_population_memory(learner, num_agents: int, chunk_size: ChunkSize = AUTO,
+                            num_devices: int = 1, available: int | None = None,
+                            fraction: float = 0.8) -> int:
+    """Raise ``MemoryError`` when the states of the agents one device holds at once (its
+    share of ``num_agents``, at most ``chunk_size`` of them when trained in chunks) would
+    take more than ``fraction`` of its available memory
+    (:func:`inner_loops.replay.available_memory_bytes`; unknown: nothing is checked).
+
+    Returns the bytes of those states. The error gives the figure (agents x bytes per
+    agent), what is available, and the options: a smaller replay capacity, a smaller
+    ``chunk_size``, more devices.
+    """
+    from inner_loops.replay import available_memory_bytes, format_bytes
+
+    per_device = -(-num_agents // max(1, num_devices))
+    chunk = resolve_chunk_size(chunk_size)
+    resident = per_device if chunk is None else min(chunk, per_device)
+    per_agent = agent_state_bytes(learner)
+    needed = resident * per_agent
+    if available is None:
+        available = available_memory_bytes()
+    if available is None or needed <= fraction * available:
+        return needed
+    fitting = int(fraction * available // max(1, per_agent))
+    raise MemoryError(
+        f"{learner.algorithm} agents need {format_bytes(needed)} on one device ({resident} "
+        f"agents at once x {format_bytes(per_agent)} of state each, replay buffers "
+        f"included) but {format_bytes(available)} is available (the states may take "
+        f"{fraction:.0%}); options: a smaller replay capacity (buffer_size), a smaller "
+        f"chunk_size (at most {fitting} agents fit at once), or more devices to shard the "
+        f"{num_agents} agents over"
+    )

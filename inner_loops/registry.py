@@ -22,6 +22,7 @@ DEFAULT_ALGORITHM = "ppo"
 # name -> module that registers it (imported on first look-up)
 BUILTIN_MODULES = {
     "ppo": "inner_loops.ppo",
+    "dqn": "inner_loops.dqn",
 }
 
 BuildFn = Callable[[Any, "Objective | None"], Learner]

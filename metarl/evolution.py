@@ -21,6 +21,7 @@ import optax
 from flax import struct
 from jax.flatten_util import ravel_pytree
 
+from inner_loops.population import check_population_memory
 from inner_loops.registry import make_learner
 from metarl.config import ConfigError, ESConfig, ExperimentConfig
 from metarl.fitness import combine_fitness, evaluate_candidates, run_is_valid, run_return
@@ -132,6 +133,11 @@ class Evolution:
         self.strategy, self.es_params = make_strategy(config.es, self.template)
         self.learners = [build_learner(inner, self.objective, _inner_path(config, i))
                          for i, inner in enumerate(config.inner)]
+        # before anything is allocated: a population of replay buffers can outgrow memory
+        runs = config.es.population_size * config.fitness.seeds_per_candidate
+        for learner in self.learners:
+            check_population_memory(learner, runs, config.run.chunk_size,
+                                    1 if mesh is None else mesh.devices.size)
         self.step = jax.jit(self.generation)
 
     @property

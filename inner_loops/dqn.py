@@ -1,0 +1,446 @@
+"""DQN on the inner-loop contract: ``build(config, objective) -> Learner``.
+
+One *update* of the contract is ``train_frequency`` steps of ``num_envs`` environments under
+an epsilon-greedy policy, every transition added to the agent's replay buffer, followed by
+``gradient_steps`` gradient steps on batches drawn from it (none during the warm-up, the
+first ``learning_starts`` environment steps, which act uniformly at random). The critic's
+TD loss fills the objective's ``"value"`` slot with ``LossInputs(values=Q(s, a) [B],
+targets=r + gamma (1 - terminated) Q_target(s', a*) [B])``; by default Huber (or L2 with
+``td_loss = "l2"``). ``a*`` is the target network's argmax, or the online network's with
+``double_dqn``. A step cut by the time limit bootstraps from the observation it reached; a
+terminated one does not (see :mod:`inner_loops.off_policy`).
+
+Schedules read ``state.update_count``: epsilon decays linearly from ``epsilon_start`` to
+``epsilon_end`` over the first ``exploration_fraction`` of the budget's updates, and the
+target network moves every ``target_update_interval`` gradient steps by ``tau`` (``1``: a
+hard copy), counted from the update counter, so training in segments changes nothing.
+
+Shape-setting settings (environment, capacity, batch, widths, steps and gradient steps per
+update) live in :class:`DQNConfig` and are static; the numeric ones in :class:`Hyperparams`
+are traced, so a population can give every member its own learning rate, discount, Polyak
+rate and epsilon range (Adam runs at unit step size and each member scales its updates).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import optax
+from flax import struct
+
+from inner_loops import networks, off_policy, replay
+from inner_loops.envs import EnvParamPairs, EnvSpec, env_param_pairs, make_vec_env
+from inner_loops.learner import Learner
+from inner_loops.objective import LossInputs, Objective, huber, squared_error
+from inner_loops.registry import register_algorithm
+from inner_loops.validation import (
+    check_choice,
+    check_in_range,
+    check_positive,
+    check_positive_int,
+    check_widths,
+)
+
+TD_LOSSES = ("huber", "l2")
+
+
+@dataclass(frozen=True)
+class DQNConfig:
+    """Settings of one DQN agent. The defaults are for CartPole-v1 within 1e5 environment
+    steps: one update collects 256 steps (8 environments x 32) and then takes 128 gradient
+    steps on batches of 64 against a target network copied once per update (hard update),
+    with epsilon decaying over the first 16% of the budget (close to the RL Baselines3
+    Zoo's CartPole settings; ``tests/test_dqn.py`` checks the greedy return over 8 seeds).
+
+    Building a config checks every field but builds no environment; checks that need the
+    environment (does ``env_id`` exist, are its actions discrete) run when the learner is
+    built and name the field too.
+
+    Attributes:
+        env_id: a gymnax id with discrete actions (``CartPole-v1``, ``Acrobot-v1``,
+            ``Breakout-MinAtar``, ...) or a discrete probe (``probe/<name>-discrete``).
+        env_params: overrides of the environment's parameters (see :mod:`inner_loops.envs`).
+        num_envs: parallel environments per agent.
+        train_frequency: steps of every environment per update (before its gradient steps).
+        gradient_steps: gradient steps per update.
+        total_timesteps: environment steps per agent over the whole run.
+        buffer_size: replay capacity in transitions.
+        batch_size: transitions per gradient step, drawn uniformly from the buffer.
+        learning_starts: environment steps of uniformly random acting before the first
+            gradient step; at least one batch.
+        target_update_interval: gradient steps between target-network updates.
+        double_dqn: pick the next action with the online network, value it with the
+            target network (van Hasselt et al. 2016).
+        anneal_lr: decay the learning rate linearly to zero over training (by the update
+            counter), which settles the greedy policy at the end of the budget.
+        td_loss: the default ``"value"`` slot: ``"huber"`` or ``"l2"`` (``0.5 x^2``).
+        hidden_sizes, activation: the Q-network MLP.
+        eval_episodes: episodes of :meth:`~inner_loops.learner.Learner.evaluate`.
+        eval_max_steps: their step limit (default: the environment's time limit).
+        learning_rate, gamma, tau, epsilon_start, epsilon_end, exploration_fraction,
+        max_grad_norm: defaults of the traced :class:`Hyperparams`.
+    """
+
+    env_id: str = "CartPole-v1"
+    env_params: EnvParamPairs = ()
+    num_envs: int = 8
+    train_frequency: int = 32
+    gradient_steps: int = 128
+    total_timesteps: int = 100_000
+    buffer_size: int = 100_000
+    batch_size: int = 64
+    learning_starts: int = 1_000
+    target_update_interval: int = 128
+    double_dqn: bool = True
+    anneal_lr: bool = False
+    td_loss: str = "huber"
+    hidden_sizes: tuple[int, ...] = (128, 128)
+    activation: str = "relu"
+    eval_episodes: int = 10
+    eval_max_steps: int | None = None
+    learning_rate: float = 5e-4
+    gamma: float = 0.99
+    tau: float = 1.0
+    epsilon_start: float = 1.0
+    epsilon_end: float = 0.04
+    exploration_fraction: float = 0.16
+    max_grad_norm: float = 10.0
+
+    def __post_init__(self):
+        if not isinstance(self.env_id, str) or not self.env_id:
+            raise ValueError(f"env_id: expected an environment id, got {self.env_id!r}")
+        object.__setattr__(self, "hidden_sizes", check_widths("hidden_sizes", self.hidden_sizes))
+        for name in ("num_envs", "train_frequency", "gradient_steps", "total_timesteps",
+                     "buffer_size", "batch_size", "learning_starts", "target_update_interval",
+                     "eval_episodes"):
+            check_positive_int(name, getattr(self, name))
+        if self.eval_max_steps is not None:
+            check_positive_int("eval_max_steps", self.eval_max_steps)
+        for name in ("double_dqn", "anneal_lr"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name}: expected true or false, got {getattr(self, name)!r}")
+        check_choice("td_loss", self.td_loss, TD_LOSSES)
+        check_choice("activation", self.activation, networks.ACTIVATIONS)
+        if self.batch_size > self.buffer_size:
+            raise ValueError(f"batch_size: {self.batch_size} is larger than the replay "
+                             f"capacity (buffer_size = {self.buffer_size})")
+        if self.num_envs > self.buffer_size:
+            raise ValueError(f"buffer_size: {self.buffer_size} is smaller than one step of "
+                             f"num_envs = {self.num_envs} environments")
+        if self.learning_starts < self.batch_size:
+            raise ValueError(f"learning_starts: {self.learning_starts} is less than one batch "
+                             f"(batch_size = {self.batch_size}); the first gradient step "
+                             "needs that many transitions")
+        if self.total_timesteps < self.steps_per_update:
+            raise ValueError(f"total_timesteps: {self.total_timesteps} is less than one "
+                             f"update (num_envs * train_frequency = {self.steps_per_update})")
+        if self.learning_starts > self.steps_per_agent - self.steps_per_update:
+            raise ValueError(
+                f"learning_starts: {self.learning_starts} leaves no update with gradient steps "
+                f"within total_timesteps = {self.total_timesteps} (the last update starts "
+                f"after {self.steps_per_agent - self.steps_per_update} steps)")
+        for name in ("gamma", "epsilon_start", "epsilon_end", "exploration_fraction"):
+            check_in_range(name, getattr(self, name), 0.0, 1.0)
+        check_in_range("tau", self.tau, 0.0, 1.0, low_open=True)
+        for name in ("learning_rate", "max_grad_norm"):
+            check_positive(name, getattr(self, name))
+        object.__setattr__(self, "env_params", env_param_pairs(self.env_params))
+
+    @property
+    def steps_per_update(self) -> int:
+        """Environment steps one agent takes per update."""
+        return self.num_envs * self.train_frequency
+
+    @property
+    def num_updates(self) -> int:
+        return self.total_timesteps // self.steps_per_update
+
+    @property
+    def steps_per_agent(self) -> int:
+        """Environment steps one agent actually takes (whole updates only)."""
+        return self.num_updates * self.steps_per_update
+
+    @property
+    def warmup_updates(self) -> int:
+        """Updates that only collect: the first update with gradient steps is the first
+        after which the buffer holds ``learning_starts`` transitions."""
+        return -(-self.learning_starts // self.steps_per_update) - 1
+
+    def hyperparams(self) -> Hyperparams:
+        """The numeric hyperparameters of this config as traced-ready float32 scalars."""
+        return Hyperparams(**{f: jnp.float32(getattr(self, f)) for f in Hyperparams._fields})
+
+    def replace(self, **changes) -> DQNConfig:
+        return dataclasses.replace(self, **changes)
+
+
+class Hyperparams(NamedTuple):
+    """Numeric DQN hyperparameters; each a ``[]`` array (or ``[P]`` for a population)."""
+
+    learning_rate: jax.Array
+    gamma: jax.Array
+    tau: jax.Array
+    epsilon_start: jax.Array
+    epsilon_end: jax.Array
+    exploration_fraction: jax.Array
+    max_grad_norm: jax.Array
+
+
+@struct.dataclass
+class DQNState:
+    """Everything one DQN agent carries from update to update.
+
+    Attributes:
+        params: online Q-network parameters.
+        target_params: target Q-network parameters.
+        opt_state: Adam's state (with the gradient clip's).
+        buffer: the agent's :class:`~inner_loops.replay.ReplayBuffer` of
+            :class:`~inner_loops.off_policy.Transition` s.
+        actors: its environments mid-episode.
+        last_return: ``[]`` mean return of the episodes finished most recently (NaN before
+            the first), what an update without finished episodes reports.
+        last_length: ``[]`` their mean length.
+        key: PRNG key of the next update.
+        update_count: ``[]`` int32 updates done; every schedule reads it.
+    """
+
+    params: Any
+    target_params: Any
+    opt_state: Any
+    buffer: replay.ReplayBuffer
+    actors: off_policy.Actors
+    last_return: jax.Array
+    last_length: jax.Array
+    key: jax.Array
+    update_count: jax.Array
+
+
+class QNetwork(nn.Module):
+    """``obs [..., *obs_shape] -> Q [..., num_actions]``: an MLP over the flattened
+    observation (its last ``obs_ndim`` axes)."""
+
+    num_actions: int
+    obs_ndim: int
+    hidden_sizes: tuple[int, ...]
+    activation: str
+
+    @nn.compact
+    def __call__(self, obs: jax.Array) -> jax.Array:
+        batch_shape = obs.shape[: obs.ndim - self.obs_ndim]
+        mlp = networks.MLP(self.hidden_sizes, self.num_actions, 1.0, self.activation)
+        return mlp(obs.reshape(*batch_shape, -1))
+
+
+def make_q_network(config: DQNConfig, spec: EnvSpec) -> QNetwork:
+    """The Q-network of ``config`` for environment ``spec``: ``network.apply(state.params,
+    obs [..., *obs_shape]) -> Q [..., num_actions]``."""
+    return QNetwork(spec.action_dim, len(spec.obs_shape), config.hidden_sizes,
+                    config.activation)
+
+
+def epsilon_at(update_count: jax.Array, hypers: Hyperparams, config: DQNConfig) -> jax.Array:
+    """Epsilon of update ``update_count``: ``1`` while the update's steps start within the
+    first ``learning_starts`` (the warm-up acts uniformly at random), else linear from
+    ``epsilon_start`` to ``epsilon_end`` over ``exploration_fraction`` of the budget's
+    updates (counted from the start of training), then ``epsilon_end``."""
+    decay_updates = jnp.maximum(hypers.exploration_fraction * config.num_updates, 1.0)
+    fraction = jnp.clip(update_count / decay_updates, 0.0, 1.0)
+    epsilon = hypers.epsilon_start + fraction * (hypers.epsilon_end - hypers.epsilon_start)
+    warming_up = update_count * config.steps_per_update < config.learning_starts
+    return jnp.where(warming_up, 1.0, epsilon)
+
+
+def _optimizer(hypers: Hyperparams) -> optax.GradientTransformation:
+    """Clip by global norm, then Adam at unit step size (each member scales its updates by
+    its own traced learning rate)."""
+    return optax.chain(optax.clip_by_global_norm(hypers.max_grad_norm), optax.scale_by_adam())
+
+
+class ExplorationNoise(NamedTuple):
+    """Epsilon-greedy draws of one update, ``[train_frequency, num_envs]`` each: a uniform
+    number (explore when below epsilon) and a uniformly random action."""
+
+    uniform: jax.Array
+    random_action: jax.Array
+
+
+def build(config: DQNConfig, objective: Objective | None = None) -> Learner:
+    """The DQN :class:`~inner_loops.learner.Learner` of ``config`` and ``objective``.
+
+    Args:
+        config: static settings.
+        objective: fills the ``"value"`` slot (the TD loss) or leaves it to ``td_loss``.
+
+    Raises ``ValueError`` naming ``env_id`` or ``env_params`` when the environment does not
+    exist or its actions are continuous, and ``eval_max_steps`` when the environment has no
+    time limit to evaluate by; ``MemoryError`` when one agent's replay buffer would not fit.
+
+    Metrics (each ``[num_updates]``): ``episode_return`` and ``episode_length`` of the
+    epsilon-greedy training episodes (mean over those finished during the update, carried
+    forward when none finished, NaN before the first), ``episodes`` (finished during the
+    update), ``td_loss`` and ``q_mean`` (means over the update's gradient steps; 0 during
+    the warm-up), ``epsilon``, ``learning`` (the update took gradient steps) and ``finite``.
+    ``Learner.evaluate(state, key)`` runs ``eval_episodes`` greedy episodes: ``eval_return``
+    and ``eval_length``.
+    """
+    default_term = huber() if config.td_loss == "huber" else squared_error()
+    objective = (objective or Objective()).with_defaults(value=default_term)
+    vec_env = make_vec_env(config.env_id, config.num_envs, env_params=config.env_params)
+    spec = vec_env.spec
+    if not spec.discrete:
+        raise ValueError(f"env_id: DQN needs discrete actions but {config.env_id} has "
+                         f"continuous ones (use td3 or sac)")
+    eval_max_steps = config.eval_max_steps or spec.max_episode_steps
+    if eval_max_steps is None:
+        raise ValueError(f"eval_max_steps: {config.env_id} has no time limit; set how many "
+                         "steps an evaluation episode may last")
+    example = off_policy.example_transition(spec)
+    replay.check_buffer_memory(1, config.buffer_size, example)
+    network = make_q_network(config, spec)
+    num_envs, num_steps = config.num_envs, config.train_frequency
+    total_updates = config.num_updates
+
+    def loss_fn(params, target_params, meta_params, hypers, progress, batch):
+        q_all = network.apply(params, batch.obs)
+        q = jnp.take_along_axis(q_all, batch.action[:, None], axis=-1)[:, 0]
+        next_q_target = network.apply(target_params, batch.next_obs)
+        if config.double_dqn:
+            next_action = jnp.argmax(network.apply(params, batch.next_obs), axis=-1)
+            next_value = jnp.take_along_axis(next_q_target, next_action[:, None], axis=-1)[:, 0]
+        else:
+            next_value = jnp.max(next_q_target, axis=-1)
+        targets = off_policy.td_target(batch.reward, next_value, batch.terminated,
+                                       hypers.gamma)
+        inputs = LossInputs(values=q, targets=jax.lax.stop_gradient(targets),
+                            progress=progress)
+        loss = objective.value_loss(meta_params, inputs)
+        return loss, {"td_loss": loss, "q_mean": jnp.mean(q)}
+
+    def init(key, meta_params, hypers) -> DQNState:
+        del meta_params
+        key, init_key, reset_key = jax.random.split(key, 3)
+        actors = off_policy.reset_actors(vec_env, reset_key)
+        params = network.init(init_key, actors.obs)
+        nan = jnp.full((), jnp.nan, jnp.float32)
+        return DQNState(
+            params=params,
+            target_params=params,
+            opt_state=_optimizer(hypers).init(params),
+            buffer=replay.init(config.buffer_size, example),
+            actors=actors,
+            last_return=nan,
+            last_length=nan,
+            key=key,
+            update_count=jnp.zeros((), jnp.int32),
+        )
+
+    def learn(state: DQNState, meta_params, hypers, key):
+        """``gradient_steps`` gradient steps; returns the new learning parts of the state and
+        the mean diagnostics."""
+        optimizer = _optimizer(hypers)
+        progress = state.update_count / total_updates
+        learning_rate = hypers.learning_rate
+        if config.anneal_lr:
+            learning_rate = learning_rate * (1.0 - progress)
+        # gradient steps taken before this update, so target updates follow the counter
+        done_before = (state.update_count - config.warmup_updates) * config.gradient_steps
+
+        def gradient_step(carry, inputs):
+            params, target_params, opt_state = carry
+            step_key, index = inputs
+            batch = replay.sample(state.buffer, step_key, config.batch_size)
+            grads, diagnostics = jax.grad(loss_fn, has_aux=True)(
+                params, target_params, meta_params, hypers, progress, batch)
+            updates, opt_state = optimizer.update(grads, opt_state, params)
+            updates = jax.tree.map(lambda u: -learning_rate * u, updates)
+            params = optax.apply_updates(params, updates)
+            target_params = off_policy.periodic_update(
+                target_params, params, hypers.tau, done_before + index + 1,
+                config.target_update_interval)
+            return (params, target_params, opt_state), diagnostics
+
+        (params, target_params, opt_state), diagnostics = jax.lax.scan(
+            gradient_step, (state.params, state.target_params, state.opt_state),
+            (jax.random.split(key, config.gradient_steps),
+             jnp.arange(config.gradient_steps, dtype=jnp.int32)),
+        )
+        return (params, target_params, opt_state), {k: v.mean() for k, v in diagnostics.items()}
+
+    def skip(state: DQNState, meta_params, hypers, key):
+        del meta_params, hypers, key
+        zero = jnp.zeros((), jnp.float32)
+        return (state.params, state.target_params, state.opt_state), {"td_loss": zero,
+                                                                      "q_mean": zero}
+
+    def advance(state: DQNState, meta_params, hypers, num_updates: int):
+        def update(state: DQNState, _):
+            key, uniform_key, action_key, collect_key, learn_key = jax.random.split(state.key, 5)
+            epsilon = epsilon_at(state.update_count, hypers, config)
+            noise = ExplorationNoise(
+                jax.random.uniform(uniform_key, (num_steps, num_envs)),
+                off_policy.uniform_actions(action_key, spec, (num_steps, num_envs)),
+            )
+            params = state.params
+
+            def act(obs, noise: ExplorationNoise):
+                greedy = jnp.argmax(network.apply(params, obs), axis=-1).astype(jnp.int32)
+                return jnp.where(noise.uniform < epsilon, noise.random_action, greedy)
+
+            actors, buffer, finished = off_policy.collect(
+                vec_env, act, state.actors, state.buffer, collect_key, num_steps, noise)
+            state = state.replace(actors=actors, buffer=buffer)
+            learning = state.update_count >= config.warmup_updates
+            (params, target_params, opt_state), diagnostics = jax.lax.cond(
+                learning, learn, skip, state, meta_params, hypers, learn_key)
+            mean_return = finished.mean_return(state.last_return)
+            mean_length = finished.mean_length(state.last_length)
+            summary = dict(diagnostics)
+            summary.update(
+                finite=jnp.all(jnp.isfinite(jnp.stack(list(diagnostics.values())))),
+                episode_return=mean_return,
+                episode_length=mean_length,
+                episodes=finished.count,
+                epsilon=epsilon,
+                learning=learning,
+            )
+            state = state.replace(
+                params=params, target_params=target_params, opt_state=opt_state,
+                last_return=mean_return, last_length=mean_length, key=key,
+                update_count=state.update_count + 1,
+            )
+            return state, summary
+
+        return jax.lax.scan(update, state, None, length=num_updates)
+
+    def evaluate(state: DQNState, key):
+        def greedy(obs):
+            return jnp.argmax(network.apply(state.params, obs), axis=-1).astype(jnp.int32)
+
+        evaluation = off_policy.evaluate_policy(vec_env.env, greedy, key,
+                                                config.eval_episodes, eval_max_steps)
+        return evaluation._asdict()
+
+    return Learner(
+        algorithm="dqn",
+        config=config,
+        objective=objective,
+        spec=spec,
+        num_updates=total_updates,
+        steps_per_update=config.steps_per_update,
+        init_fn=init,
+        advance_fn=advance,
+        default_meta_params=objective.init(jax.random.PRNGKey(0)),
+        default_hypers=config.hyperparams(),
+        evaluate_fn=evaluate,
+    )
+
+
+register_algorithm(
+    "dqn", DQNConfig, build, slots=("value",),
+    description="DQN: replay, epsilon-greedy, (double) Q-learning with Huber/L2 TD loss",
+)

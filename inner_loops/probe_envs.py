@@ -1,0 +1,205 @@
+"""Probe environments: tiny tasks whose exact Q-values are known, for testing learners.
+
+Each probe isolates one thing a value learner must get right (after Andy Jones' "debugging
+RL" probes). They are ordinary environments of the adapter: :func:`inner_loops.envs.make_env`
+builds ``probe/<name>-discrete`` and ``probe/<name>-continuous`` like any gymnax id, so a
+learner trains on them through its usual code path.
+
+Every probe has a one-dimensional observation ``[1]`` float32. Discrete variants have two
+actions ``{0, 1}``; continuous variants one action in ``[-1, 1]`` (the probe clips it).
+Below, ``s`` is the observation's value, ``a`` the action and ``gamma`` the learner's
+discount; the exact ``Q(s, a)`` is what a critic should converge to (:func:`exact_q`
+computes it):
+
+============================  ==========================  ====================================
+probe (episode)               reward                      exact ``Q(s, a)``
+============================  ==========================  ====================================
+``constant`` (1 step)         ``1``                       ``1``
+``observation`` (1 step,      ``s``                       ``s``
+s = ±1 at random)
+``action`` (1 step, s = 0)    discrete: ``+1`` if a = 1   discrete: ``Q(0, 0) = -1``,
+                              else ``-1``; continuous:    ``Q(0, 1) = +1``; continuous:
+                              ``-(a - 0.5)^2``            ``-(a - 0.5)^2`` (best: a = 0.5)
+``observation_action``        discrete: ``+1`` if         discrete: ``+1`` for the matching
+(1 step, s = ±1 at random)    a = (s > 0) else ``-1``;    action, ``-1`` for the other;
+                              continuous:                 continuous: ``-(a - 0.5 s)^2``
+                              ``-(a - 0.5 s)^2``          (best: a = 0.5 s)
+``discount`` (2 steps:        ``0`` at s = 0, ``1`` at    ``Q(0, a) = gamma``, ``Q(1, a) = 1``
+s = 0 then s = 1)             s = 1, then terminates
+``bootstrap`` (s = 0,         ``1`` every step            ``1 / (1 - gamma)``: a time limit is
+truncated after every step,                               not a terminal state, so the target
+never terminates)                                         bootstraps from the final observation
+============================  ==========================  ====================================
+
+All one-step probes and ``discount`` end by *termination* (no bootstrap from the last
+step); ``bootstrap`` ends only by *truncation*, so a learner that mistakes a time limit for
+termination learns ``Q = 1`` there instead of ``1 / (1 - gamma)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from inner_loops.envs import PROBE_PREFIX, Env, EnvSpec, EnvStep
+
+VARIANTS = ("discrete", "continuous")
+# Best continuous action of ``action`` (and ``observation_action`` at s = +1).
+ACTION_TARGET = 0.5
+
+
+class ProbeState(NamedTuple):
+    """``obs [1]`` float32 and ``t []`` int32, the step within the episode."""
+
+    obs: jax.Array
+    t: jax.Array
+
+
+@dataclass(frozen=True)
+class Probe:
+    """One probe's rules (see the module docstring's table).
+
+    Attributes:
+        name: ``constant``, ``observation``, ...
+        random_sign: the first observation is ``±1`` at random (else ``0``).
+        episode_steps: steps in an episode.
+        terminates: the episode ends by termination (else by truncation).
+        reward: ``(s [], t [], action, discrete) -> []`` reward.
+        observations: the observation values the probe visits (for tests).
+    """
+
+    name: str
+    random_sign: bool
+    episode_steps: int
+    terminates: bool
+    reward: Callable[[jax.Array, jax.Array, jax.Array, bool], jax.Array]
+    observations: tuple[float, ...]
+
+
+def _signed(action: jax.Array) -> jax.Array:
+    """``+1`` for discrete action 1, ``-1`` for action 0."""
+    return 2.0 * action.astype(jnp.float32) - 1.0
+
+
+def _action_reward(s, t, action, discrete):
+    del s, t
+    if discrete:
+        return _signed(action)
+    return -jnp.square(action[0] - ACTION_TARGET)
+
+
+def _observation_action_reward(s, t, action, discrete):
+    del t
+    if discrete:
+        return _signed(action) * s
+    return -jnp.square(action[0] - ACTION_TARGET * s)
+
+
+PROBES = {
+    probe.name: probe
+    for probe in (
+        Probe("constant", False, 1, True, lambda s, t, a, d: jnp.float32(1.0), (0.0,)),
+        Probe("observation", True, 1, True, lambda s, t, a, d: s, (-1.0, 1.0)),
+        Probe("action", False, 1, True, _action_reward, (0.0,)),
+        Probe("observation_action", True, 1, True, _observation_action_reward, (-1.0, 1.0)),
+        Probe("discount", False, 2, True, lambda s, t, a, d: t.astype(jnp.float32),
+              (0.0, 1.0)),
+        Probe("bootstrap", False, 1, False, lambda s, t, a, d: jnp.float32(1.0), (0.0,)),
+    )
+}
+
+
+def probe_ids() -> list[str]:
+    """Every probe id :func:`inner_loops.envs.make_env` accepts."""
+    return [f"{PROBE_PREFIX}{name}-{variant}" for name in PROBES for variant in VARIANTS]
+
+
+def parse_probe_id(env_id: str) -> tuple[Probe, bool]:
+    """``(probe, discrete)`` of ``probe/<name>-<variant>``; ``ValueError`` lists the ids."""
+    name, _, variant = env_id[len(PROBE_PREFIX):].rpartition("-")
+    if not env_id.startswith(PROBE_PREFIX) or name not in PROBES or variant not in VARIANTS:
+        raise ValueError(f"env_id: unknown probe {env_id!r}; allowed: {', '.join(probe_ids())}")
+    return PROBES[name], variant == "discrete"
+
+
+def make_probe_env(env_id: str, env_params: tuple = ()) -> Env:
+    """The :class:`~inner_loops.envs.Env` of probe ``env_id`` (no parameters to set)."""
+    probe, discrete = parse_probe_id(env_id)
+    if env_params:
+        raise ValueError(f"env_params.{env_params[0][0]}: {env_id} has no parameters")
+    if discrete:
+        spec = EnvSpec(env_id, (1,), True, 2, max_episode_steps=probe.episode_steps)
+    else:
+        spec = EnvSpec(env_id, (1,), False, 1, (-1.0,), (1.0,),
+                       max_episode_steps=probe.episode_steps)
+
+    def reset(key):
+        if probe.random_sign:
+            s = jnp.where(jax.random.bernoulli(key), 1.0, -1.0)
+        else:
+            s = jnp.float32(0.0)
+        obs = jnp.full((1,), s, jnp.float32)
+        return obs, ProbeState(obs, jnp.zeros((), jnp.int32))
+
+    def step(key, state, action, fresh=None):
+        if fresh is None:
+            fresh = reset(key)
+        if not discrete:
+            action = jnp.clip(action, -1.0, 1.0)
+        reward = jnp.asarray(probe.reward(state.obs[0], state.t, action, discrete), jnp.float32)
+        t = state.t + 1
+        ended = t >= probe.episode_steps
+        terminated = jnp.logical_and(ended, probe.terminates)
+        truncated = jnp.logical_and(ended, not probe.terminates)
+        # ``discount`` moves from s = 0 to s = 1; the other probes keep their observation.
+        final_obs = state.obs + 1.0 if probe.name == "discount" else state.obs
+        obs, next_state = jax.tree.map(lambda a, b: jnp.where(ended, a, b), fresh,
+                                       (final_obs, ProbeState(final_obs, t)))
+        return EnvStep(obs, next_state, reward, terminated, truncated, final_obs)
+
+    return Env(spec, reset, step)
+
+
+def exact_q(env_id: str, obs: np.ndarray, action: np.ndarray, gamma: float) -> np.ndarray:
+    """The exact ``Q(s, a)`` of probe ``env_id`` (the module docstring's table).
+
+    Args:
+        obs: ``[B, 1]`` observations the probe visits.
+        action: ``[B]`` integers (discrete) or ``[B, 1]`` floats in ``[-1, 1]``.
+        gamma: the discount the learner uses.
+
+    Returns ``[B]`` float64.
+    """
+    probe, discrete = parse_probe_id(env_id)
+    s = np.asarray(obs, np.float64)[:, 0]
+    a = np.asarray(action, np.float64)
+    if probe.name in ("constant", "observation"):
+        return np.ones_like(s) if probe.name == "constant" else s
+    if probe.name == "discount":
+        return np.where(s > 0.5, 1.0, gamma)
+    if probe.name == "bootstrap":
+        return np.full_like(s, 1.0 / (1.0 - gamma))
+    if discrete:
+        signed = 2.0 * a - 1.0
+        return signed if probe.name == "action" else signed * s
+    target = ACTION_TARGET if probe.name == "action" else ACTION_TARGET * s
+    return -np.square(np.clip(a[:, 0], -1.0, 1.0) - target)
+
+
+def best_action(env_id: str, obs: np.ndarray) -> np.ndarray:
+    """An action of highest exact Q for each of ``obs [B, 1]``: ``[B]`` integers (discrete)
+    or ``[B, 1]`` floats. Where every action is equally good it is action ``0`` / ``0.0``."""
+    probe, discrete = parse_probe_id(env_id)
+    s = np.asarray(obs, np.float64)[:, 0]
+    if probe.name == "action":
+        best = np.ones_like(s) if discrete else np.full_like(s, ACTION_TARGET)
+    elif probe.name == "observation_action":
+        best = (s > 0).astype(np.float64) if discrete else ACTION_TARGET * s
+    else:
+        best = np.zeros_like(s)
+    return best.astype(np.int32) if discrete else best[:, None].astype(np.float32)
