@@ -165,8 +165,8 @@ def build_parser() -> argparse.ArgumentParser:
                           help="environment id (repeatable; default: the run's)")
     evaluate.add_argument("--seeds", type=int, default=16, help="held-out seeds (default 16)")
     evaluate.add_argument("--baselines", default=None,
-                          help="comma-separated fixed objectives (default depends on the "
-                               "objective: ppo,l2 or ppo,dpo)")
+                          help="comma-separated fixed objectives (default: those the "
+                               "objective declares that fit the run's algorithm)")
     evaluate.add_argument("--which", default="mean", choices=("mean", "best"),
                           help="evaluate the search mean (default) or the best candidate")
     evaluate.add_argument("--eval-seed", type=int, default=10_007)

@@ -76,8 +76,8 @@ def test_an_objective_that_does_not_fit_names_both(critic_only_algorithm):
 
 
 def test_default_baselines_are_those_that_fit_the_algorithm(critic_only_algorithm):
-    assert default_baselines("value_distance", PPOConfig()) == ["ppo", "l2"]
-    assert default_baselines("value_distance", critic_only_algorithm()) == ["l2"]
+    assert default_baselines("value_distance", PPOConfig()) == ["ppo", "l2", "huber"]
+    assert default_baselines("value_distance", critic_only_algorithm()) == ["l2", "huber"]
     assert default_baselines("lpo", PPOConfig()) == ["ppo", "dpo"]
 
 

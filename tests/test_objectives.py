@@ -28,7 +28,7 @@ from metarl.objectives import (
 )
 from metarl.objectives.registry import _REGISTRY
 
-EXPECTED_NAMES = ["dpo", "l2", "lpo", "ppo", "ta_lpo", "value_distance"]
+EXPECTED_NAMES = ["dpo", "huber", "l2", "lpo", "ppo", "ta_lpo", "value_distance"]
 N = 16  # samples per hypothesis example (fixed, so jitted functions compile once)
 HYPOTHESIS = settings(max_examples=25, deadline=None)
 
@@ -515,7 +515,8 @@ def test_a_factory_must_fill_the_slots_it_declares():
 DECLARATIONS = {
     "ppo": (("policy", "value"), ("ppo",), ()),
     "l2": (("value",), None, ("ppo",)),
-    "value_distance": (("value",), None, ("ppo", "l2")),
+    "value_distance": (("value",), None, ("ppo", "l2", "huber")),
+    "huber": (("value",), None, ("l2",)),
     "lpo": (("policy",), ("ppo",), ("ppo", "dpo")),
     "ta_lpo": (("policy",), ("ppo",), ("ppo", "dpo")),
     "dpo": (("policy",), ("ppo",), ("ppo",)),

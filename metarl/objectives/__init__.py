@@ -9,6 +9,7 @@ Registered by the modules shipped here:
 
 * ``"ppo"``: PPO's clipped surrogate and clipped L2 value loss (:mod:`.l2`).
 * ``"l2"``: the plain value loss ``0.5 mean((v - t)^2)``, any critic (:mod:`.l2`).
+* ``"huber"``: the Huber value loss (threshold 1), any critic (:mod:`.l2`).
 * ``"value_distance"``: a learned value distance ``mean(d(v - t))``, any critic
   (:mod:`.value_distance`).
 * ``"lpo"``: learned policy optimisation drift ``-mean(rA - drift(r, A))`` (:mod:`.lpo`).

@@ -132,7 +132,7 @@ def _figures(request) -> dict:
     return {"value_distance": fig}
 
 
-@register_objective("value_distance", slots=("value",), baselines=("ppo", "l2"),
+@register_objective("value_distance", slots=("value",), baselines=("ppo", "l2", "huber"),
                     plot=_figures)
 def make_value_distance(
     hidden_sizes: Sequence[int] = DEFAULT_HIDDEN_SIZES, form: str = "scaled_l2"
