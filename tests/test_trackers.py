@@ -1,0 +1,83 @@
+"""Experiment trackers: metrics and figures reach TensorBoard event files and an offline
+Weights & Biases run; a tracker whose package is missing is a clear error."""
+
+from __future__ import annotations
+
+import math
+import sys
+
+import numpy as np
+import pytest
+from matplotlib.figure import Figure
+
+from metarl import trackers
+from metarl.trackers import TrackerError, check_trackers, open_trackers, scalars
+
+METRICS = [
+    {"generation": 1, "fitness": [1.0, 3.0, float("nan")], "mean_fitness": 2.0,
+     "mean_return": {"CartPole-v1": 20.0}, "devices": 2, "note": "text is left out"},
+    {"generation": 2, "fitness": [2.0, 6.0, 4.0], "mean_fitness": 4.0,
+     "mean_return": {"CartPole-v1": 30.0}, "devices": 2, "note": "still left out"},
+]
+
+
+def test_scalars_flatten_summarise_and_skip_what_is_not_a_number():
+    flat = scalars(METRICS[0])
+    assert flat["fitness/mean"] == 2.0 and flat["fitness/min"] == 1.0
+    assert flat["fitness/max"] == 3.0
+    assert flat["mean_return/CartPole-v1"] == 20.0 and flat["mean_fitness"] == 2.0
+    assert "note" not in flat and not any(math.isnan(v) for v in flat.values())
+
+
+def figure_file(tmp_path):
+    fig = Figure(figsize=(2, 2))
+    fig.subplots().plot([0, 1], [1, 0])
+    path = tmp_path / "fitness.png"
+    fig.savefig(path)
+    return path
+
+
+def test_tensorboard_event_files_hold_the_metrics_and_the_figure(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    [tracker] = open_trackers(["tensorboard"], tmp_path, "run", {"es": {"sigma": 0.1}})
+    for line in METRICS:
+        tracker.log(line["generation"], line)
+    tracker.log_figure(2, "plots/fitness", figure_file(tmp_path))
+    tracker.close()
+    events = EventAccumulator(str(tmp_path / "tensorboard"),
+                              size_guidance={"images": 0, "scalars": 0}).Reload()
+    mean = events.Scalars("mean_fitness")
+    assert [(e.step, e.value) for e in mean] == [(1, 2.0), (2, 4.0)]
+    assert [e.value for e in events.Scalars("fitness/max")] == [3.0, 6.0]
+    assert [e.value for e in events.Scalars("mean_return/CartPole-v1")] == [20.0, 30.0]
+    [image] = events.Images("plots/fitness")
+    assert image.step == 2 and image.width == 200 and image.height == 200
+
+
+def test_wandb_offline_run_is_written_in_the_run_directory(tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    [tracker] = open_trackers(["wandb"], tmp_path, "tiny", {"es": {"sigma": 0.1}})
+    for line in METRICS:
+        tracker.log(line["generation"], line)
+    tracker.log_figure(2, "plots/fitness", figure_file(tmp_path))
+    tracker.close()
+    [run] = list((tmp_path / "wandb").glob("offline-run-*"))
+    [records] = list(run.glob("run-*.wandb"))  # what `wandb sync` uploads
+    data = records.read_bytes()
+    for key in (b"mean_fitness", b"fitness/max", b"mean_return/CartPole-v1", b"sigma"):
+        assert key in data, key
+    assert list((run / "files" / "media" / "images").rglob("fitness_2_*.png"))
+
+
+def test_unknown_or_missing_trackers_are_named(monkeypatch):
+    with pytest.raises(TrackerError, match="tracker 'mlflow' is unknown; allowed: "
+                                           "tensorboard, wandb"):
+        check_trackers(["mlflow"])
+    monkeypatch.setitem(sys.modules, "wandb", None)  # as if the package were not installed
+    with pytest.raises(TrackerError, match=r'needs the wandb package: pip install '
+                                           r'"metarl\[wandb\]"'):
+        check_trackers(["wandb"])
+    assert check_trackers(["tensorboard"]) == ("tensorboard",)
+    assert np.isclose(trackers.scalars({"x": [True, False]})["x/mean"], 0.5)
