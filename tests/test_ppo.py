@@ -16,13 +16,12 @@ Learning tests are marked ``slow`` (for selection with ``-m "not slow"``); they 
 from __future__ import annotations
 
 import dataclasses
-import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _learning import learning_metrics, start_first, start_learning_run, stop_learning_run
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -472,24 +471,15 @@ CARTPOLE_TIMEOUT = 800  # seconds; generous, for a shared and busy CPU
 @pytest.fixture(scope="module")
 def cartpole_process(tmp_path_factory):
     folder = tmp_path_factory.mktemp("cartpole")
-    with open(folder / "stderr.txt", "w") as stderr:
-        process = subprocess.Popen(
-            [sys.executable, "-c", CARTPOLE_WORKER, str(folder / "metrics.npz"),
-             str(CARTPOLE_SEEDS)],
-            stdout=subprocess.DEVNULL, stderr=stderr,
-        )
+    process = start_learning_run(CARTPOLE_WORKER, folder, CARTPOLE_SEEDS)
     yield process, folder
-    if process.poll() is None:
-        process.kill()
-        process.wait()
+    stop_learning_run(process)
 
 
 @pytest.fixture(scope="module", autouse=True)
 def start_cartpole_first(request):
     """Start the CartPole run at the start of the module when its tests are selected."""
-    if any(item.module is request.module and "cartpole" in item.name
-           for item in request.session.items):
-        request.getfixturevalue("cartpole_process")
+    start_first(request, "cartpole_process", "cartpole")
 
 
 @pytest.fixture(scope="module")
@@ -497,17 +487,8 @@ def cartpole_run(cartpole_process):
     """PureJaxRL's CartPole-v1 settings (the defaults), 5e5 steps, 16 agents in one
     ``jit(vmap(train))``: the config and its metrics ``[16, 976]``."""
     process, folder = cartpole_process
-    try:
-        process.wait(timeout=CARTPOLE_TIMEOUT)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
-        pytest.fail(f"CartPole training did not finish within {CARTPOLE_TIMEOUT} s")
-    stderr = (folder / "stderr.txt").read_text()
-    assert process.returncode == 0, stderr[-4000:]
-    with np.load(folder / "metrics.npz") as data:
-        metrics = {name: data[name] for name in data.files}
-    return PPOConfig(), metrics
+    return PPOConfig(), learning_metrics(process, folder, CARTPOLE_TIMEOUT,
+                                         "CartPole training")
 
 
 @pytest.mark.slow
