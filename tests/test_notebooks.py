@@ -11,6 +11,7 @@ once between them.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 from pathlib import Path
@@ -61,6 +62,29 @@ def test_committed_without_outputs(path):
             continue
         assert cell.outputs == [], f"{path.name} cell {index} has outputs"
         assert cell.execution_count is None, f"{path.name} cell {index} has an execution count"
+
+
+def _render_module():
+    spec = importlib.util.spec_from_file_location("render", NOTEBOOK_DIR / "render.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_the_rendered_copy_in_docs_is_current(path):
+    """docs/notebooks/ holds each notebook executed with its default knobs, figures
+    included, made from the notebook as it is now."""
+    render = _render_module()
+    rendered = render.RENDERED / path.name
+    again = f"run `python notebooks/render.py {path.stem}` and commit docs/notebooks/"
+    assert rendered.is_file(), f"no rendered copy of {path.name}: {again}"
+    notebook = nbformat.read(rendered, as_version=4)
+    digest = notebook.metadata.get("metarl", {}).get("source")
+    assert digest == render.source_digest(path), f"{path.name} changed since: {again}"
+    outputs = [o for cell in notebook.cells if cell.cell_type == "code" for o in cell.outputs]
+    assert not [o for o in outputs if o.output_type == "error"]
+    assert any("image/png" in o.get("data", {}) for o in outputs), "no figure in the copy"
 
 
 @pytest.mark.timeout(NOTEBOOK_TIMEOUT)
