@@ -1,0 +1,206 @@
+"""metarl against the public pure-JAX library rejax, on the same settings and devices, in
+one process, timed interleaved.
+
+PPO on CartPole-v1 with PureJaxRL's settings (4 envs x 128 steps, 4 epochs x 4 minibatches,
+64-64 tanh, learning rate 2.5e-4, clip 0.2, entropy 0.01, value 0.5, gradient clip 0.5) for
+a population of agents vmapped in one jit. With ``--devices 2`` both populations are split
+over two CPU devices: metarl with its own sharding (``metarl.sharding``), rejax's vmapped
+``train`` jitted with its keys sharded over the same mesh, so XLA partitions it the same
+way. Evaluation is excluded from rejax's timing (its callback is replaced by a no-op while
+timing; the final policies are evaluated afterwards).
+
+rejax 0.1.3 expects gymnax's older five-value ``step``; it gets the same gymnax 1.0
+environment through a small adapter (termination or truncation as ``done``). Install rejax
+beside metarl, in a virtual environment that sees this one's packages, without letting pip
+replace gymnax 1.0 by the older one rejax asks for:
+
+    python3 -m venv --system-site-packages .venv-rejax
+    .venv-rejax/bin/pip install --no-deps rejax==0.1.3 distrax==0.1.9 chex tfp-nightly \
+        dm-tree toolz gast
+    .venv-rejax/bin/python benchmarks/vs_rejax.py --population 64 --devices 1 2
+
+Prints one JSON document: agent-steps per second of both (best and median of the repeats),
+their ratio, compile times and final returns.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+SETTINGS = dict(num_envs=4, num_steps=128, update_epochs=4, num_minibatches=4,
+                learning_rate=2.5e-4, gamma=0.99, gae_lambda=0.95, clip_eps=0.2,
+                ent_coef=0.01, vf_coef=0.5, max_grad_norm=0.5)
+
+
+class FiveValueStep:
+    """A gymnax 1.0 environment as gymnax 0.x's API: ``step`` returns ``done`` (terminated
+    or truncated) in place of the two flags; everything else is passed through."""
+
+    def __init__(self, env):
+        self.env = env
+
+    def step(self, key, state, action, params=None):
+        obs, state, reward, terminated, truncated, info = self.env.step(key, state, action,
+                                                                         params)
+        return obs, state, reward, terminated | truncated, info
+
+    def __getattr__(self, name):
+        if name == "env":  # not set yet (a copy being made): no recursion
+            raise AttributeError(name)
+        return getattr(self.env, name)
+
+    def __hash__(self):  # rejax passes the environment as a static jit argument
+        return hash(self.env)
+
+    def __eq__(self, other):
+        return isinstance(other, FiveValueStep) and other.env is self.env
+
+
+def build_metarl(total_timesteps: int, mesh):
+    import jax
+
+    from inner_loops import PPOConfig, make_learner
+    from metarl import sharding
+
+    config = PPOConfig(env_id="CartPole-v1", total_timesteps=total_timesteps,
+                       hidden_sizes=(64, 64), activation="tanh", anneal_lr=False, **SETTINGS)
+    learner = make_learner(config)
+
+    def run(keys):
+        return sharding.train_population(learner.train, keys, mesh=mesh)
+
+    def final_return(metrics):
+        return float(jax.numpy.nanmean(metrics["episode_return"][:, -1]))
+
+    def place(keys):  # metarl's generation step takes its keys replicated
+        return keys if mesh is None else sharding.put_replicated(keys, mesh)
+
+    return jax.jit(run), final_return, place
+
+
+def build_rejax(total_timesteps: int, mesh):
+    import gymnax
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import NamedSharding, PartitionSpec
+    from rejax import PPO
+
+    env, env_params = gymnax.make("CartPole-v1")
+    algo = PPO.create(
+        env=FiveValueStep(env), env_params=env_params, total_timesteps=total_timesteps,
+        eval_freq=total_timesteps, skip_initial_evaluation=True,
+        num_envs=SETTINGS["num_envs"], num_steps=SETTINGS["num_steps"],
+        num_epochs=SETTINGS["update_epochs"], num_minibatches=SETTINGS["num_minibatches"],
+        learning_rate=SETTINGS["learning_rate"], gamma=SETTINGS["gamma"],
+        gae_lambda=SETTINGS["gae_lambda"], clip_eps=SETTINGS["clip_eps"],
+        ent_coef=SETTINGS["ent_coef"], vf_coef=SETTINGS["vf_coef"],
+        max_grad_norm=SETTINGS["max_grad_norm"],
+        agent_kwargs={"activation": "tanh", "hidden_layer_sizes": (64, 64)},
+    )
+    evaluate = algo.eval_callback
+    quiet = algo.replace(eval_callback=lambda a, ts, rng: jnp.zeros(()))
+    shardings = {}
+    if mesh is not None:
+        shardings["in_shardings"] = NamedSharding(mesh, PartitionSpec(mesh.axis_names))
+    run = jax.jit(lambda keys: jax.vmap(quiet.train)(keys)[0], **shardings)
+
+    def place(keys):
+        if mesh is None:
+            return keys
+        return jax.device_put(keys, shardings["in_shardings"])
+
+    def final_return(states):
+        keys = jax.random.split(jax.random.PRNGKey(1), jax.tree.leaves(states)[0].shape[0])
+        _, returns = jax.jit(jax.vmap(lambda s, k: evaluate(algo, s, k)))(states, keys)
+        return float(jnp.mean(returns))
+
+    return run, final_return, place
+
+
+def measure(population: int, devices: int, total_timesteps: int, repeats: int) -> dict:
+    """Runs in a child process whose JAX exposes ``devices`` CPU devices."""
+    import jax
+
+    from metarl import sharding
+
+    mesh = sharding.population_mesh(devices) if devices > 1 else None
+    keys = jax.random.split(jax.random.PRNGKey(0), population)
+    programs, finals, compile_seconds, outputs, placed = {}, {}, {}, {}, {}
+    for name, build in (("metarl", build_metarl), ("rejax", build_rejax)):
+        run, final, place = build(total_timesteps, mesh)
+        placed[name] = place(keys)
+        started = time.perf_counter()
+        programs[name] = run.lower(placed[name]).compile()
+        compile_seconds[name] = round(time.perf_counter() - started, 2)
+        finals[name] = final
+        outputs[name] = jax.block_until_ready(programs[name](placed[name]))  # warm-up
+    seconds = {name: [] for name in programs}
+    for _ in range(repeats):
+        for name, program in programs.items():
+            started = time.perf_counter()
+            outputs[name] = jax.block_until_ready(program(placed[name]))
+            seconds[name].append(time.perf_counter() - started)
+    steps = population * total_timesteps
+    best = {name: round(steps / min(s)) for name, s in seconds.items()}
+    median = {name: round(steps / statistics.median(s)) for name, s in seconds.items()}
+    return {
+        "population": population, "devices": devices,
+        "agent_steps_per_second": best,
+        "median_agent_steps_per_second": median,
+        "metarl_over_rejax": round(best["metarl"] / best["rejax"], 3),
+        "median_metarl_over_rejax": round(median["metarl"] / median["rejax"], 3),
+        "compile_seconds": compile_seconds,
+        "final_return": {name: round(finals[name](outputs[name]), 1) for name in programs},
+    }
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "--child":
+        population, devices, total, repeats = map(int, sys.argv[2:6])
+        print(json.dumps(measure(population, devices, total, repeats)))
+        return
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--population", type=int, default=64)
+    parser.add_argument("--devices", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--total-timesteps", type=int, default=500_000,
+                        help="environment steps per agent (PureJaxRL: 5e5)")
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    results = []
+    for devices in args.devices:
+        env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+        env["JAX_NUM_CPU_DEVICES"] = str(devices)
+        child = subprocess.run(
+            [sys.executable, __file__, "--child", str(args.population), str(devices),
+             str(args.total_timesteps), str(args.repeats)],
+            env=env, capture_output=True, text=True, check=True)
+        results.append(json.loads(child.stdout.strip().splitlines()[-1]))
+        print(json.dumps(results[-1]), file=sys.stderr, flush=True)
+    import jax
+    import rejax
+
+    print(json.dumps({
+        "benchmark": "vs_rejax",
+        "algorithm": "ppo",
+        "settings": "CartPole-v1, PureJaxRL: " + ", ".join(f"{k} {v}" for k, v in
+                                                          SETTINGS.items())
+                    + ", 64-64 tanh, no learning-rate annealing",
+        "total_timesteps_per_agent": args.total_timesteps,
+        "repeats": args.repeats,
+        "note": "rejax's final return is the mean of its evaluation episodes after training; "
+                "metarl's the mean return of the last training episodes. rejax clips "
+                "gradients elementwise (optax.clip) and has separate actor and critic "
+                "optimisers; metarl clips the global norm with one optimiser.",
+        "jax": jax.__version__, "rejax": getattr(rejax, "__version__", "0.1.3"),
+        "results": results,
+    }, indent=1))
+
+
+if __name__ == "__main__":
+    main()
