@@ -67,8 +67,8 @@ def _forward(x: jax.Array, kernel: jax.Array, bfloat16: bool) -> jax.Array:
     if kernel.shape[0] <= SMALL_WIDTH:
         return _sum_of_products(x, kernel)
     if kernel.shape[1] <= SMALL_WIDTH:
-        # matrix-vector products, one per output: under vmap, [16,4,64] x [16,64,2] took
-        # 4.6 us this way and 11.5 us as one batched dot
+        # matrix-vector products, one per output: under vmap faster than one batched dot
+        # with a narrow output (benchmarks/compare_revisions.py measures such choices)
         return _by_columns(lambda n: _dot(x, kernel[:, n], x.ndim - 1, 0), kernel.shape[1])
     return _dot(x, kernel, x.ndim - 1, 0, bfloat16)
 
