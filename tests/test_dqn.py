@@ -93,8 +93,8 @@ def start_learning_first(request):
 @pytest.mark.timeout(LEARNING_TIMEOUT + 60, method="thread")
 def test_cartpole_greedy_return_with_default_config(learning_process):
     """The default config learns CartPole-v1 within 1e5 steps per agent: the median greedy
-    return over 8 seeds is far above a random policy's (about 22) and some seeds reach the
-    500 cap. (The target of a median of 400 is not reached yet by these defaults.)"""
+    return over 8 seeds is at least 400 and some seed reaches the 500 cap, after a warm-up
+    that acted as a random policy does (about 22 per episode)."""
     process, folder = learning_process
     try:
         process.wait(timeout=LEARNING_TIMEOUT)
@@ -108,11 +108,25 @@ def test_cartpole_greedy_return_with_default_config(learning_process):
     greedy = metrics["eval_return"]
     print(f"DQN CartPole-v1 greedy return per seed: {greedy}; median {np.median(greedy)}")
     assert metrics["finite"].all()
-    assert np.median(greedy) >= 200.0, greedy
+    assert np.median(greedy) >= 400.0, greedy
     assert np.max(greedy) == 500.0, greedy
     np.testing.assert_array_equal(metrics["eval_return"], metrics["eval_length"])
-    # the training episodes explore (epsilon-greedy) and started as a random policy's
-    assert np.all(np.nanmean(metrics["episode_return"][:, :50], axis=1) < 40.0)
+    # The warm-up (the first 4 updates, 1024 >= learning_starts steps) acts uniformly at
+    # random: its ~40 episodes per seed average about a random policy's return (22.4 over
+    # 1e4 episodes, 11.8 standard deviation, so about 2 for a mean of 40; those finished
+    # within 128 steps are a little shorter), whatever the seed; and epsilon then decays
+    # to its floor as configured.
+    warmup = DQNConfig().warmup_updates + 1
+    assert warmup == 4
+    episodes = metrics["episodes"][:, :warmup]
+    returns = np.where(episodes > 0, metrics["episode_return"][:, :warmup], 0.0)
+    warmup_means = (returns * episodes).sum(axis=1) / episodes.sum(axis=1)
+    assert np.all(episodes.sum(axis=1) >= 30), episodes
+    assert np.all((warmup_means > 15.0) & (warmup_means < 30.0)), warmup_means
+    epsilon = metrics["epsilon"]
+    assert np.all(epsilon[:, :warmup] == 1.0)
+    assert np.all(np.diff(epsilon, axis=1) <= 0.0)
+    np.testing.assert_allclose(epsilon[:, -1], DQNConfig().epsilon_end, rtol=1e-5)
 
 
 # ---------------------------------------------------------------------------- probes
@@ -291,7 +305,7 @@ BAD_CONFIGS = [
     ({"learning_starts": 100_000}, "learning_starts", ["total_timesteps"]),
     ({"buffer_size": 4, "batch_size": 2}, "buffer_size", ["num_envs = 8"]),
     ({"total_timesteps": 200}, "total_timesteps", ["num_envs * train_frequency = 256"]),
-    ({"td_loss": "l1"}, "td_loss", ["huber", "l2"]),
+    ({"td_loss": "l1"}, "td_loss", ["l2", "huber"]),
     ({"activation": "gelu"}, "activation", ["tanh", "relu"]),
     ({"tau": 0.0}, "tau", ["(0, 1]"]),
     ({"gamma": 1.5}, "gamma", ["[0, 1]"]),
