@@ -17,14 +17,11 @@ repeats), bfloat16 over float32, compile times, final returns, and the CPU's nam
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
-import platform
 import statistics
-import subprocess
-import sys
 import time
+
+from _per_device import cpu, population_benchmark
 
 PRECISIONS = ("float32", "bfloat16")
 
@@ -72,55 +69,20 @@ def measure(population: int, devices: int, total_timesteps: int, repeats: int) -
     }
 
 
-def cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as cpuinfo:
-            for line in cpuinfo:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
-
-
 def main() -> None:
-    if len(sys.argv) > 1 and sys.argv[1] == "--child":
-        population, devices, total, repeats = map(int, sys.argv[2:6])
-        print(json.dumps(measure(population, devices, total, repeats)))
+    parsed = population_benchmark(__file__, __doc__.splitlines()[0], measure, 16, [1])
+    if parsed is None:
         return
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--population", type=int, default=16)
-    parser.add_argument("--devices", type=int, nargs="+", default=[1])
-    parser.add_argument("--total-timesteps", type=int, default=500_000,
-                        help="environment steps per agent (PureJaxRL: 5e5)")
-    parser.add_argument("--repeats", type=int, default=3)
-    args = parser.parse_args()
-    results = []
-    for devices in args.devices:
-        env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-        env["JAX_NUM_CPU_DEVICES"] = str(devices)
-        child = subprocess.run(
-            [sys.executable, __file__, "--child", str(args.population), str(devices),
-             str(args.total_timesteps), str(args.repeats)],
-            env=env, capture_output=True, text=True, check=True)
-        results.append(json.loads(child.stdout.strip().splitlines()[-1]))
-        print(json.dumps(results[-1]), file=sys.stderr, flush=True)
+    args, results = parsed
     import jax
 
-    flags = ""
-    try:
-        with open("/proc/cpuinfo") as cpuinfo:
-            flags = next((line for line in cpuinfo if line.startswith("flags")), "")
-    except OSError:
-        pass
     print(json.dumps({
         "benchmark": "precision",
         "algorithm": "ppo",
         "settings": "CartPole-v1, PureJaxRL's settings, 64-64 tanh",
         "total_timesteps_per_agent": args.total_timesteps,
         "repeats": args.repeats,
-        "cpu": cpu_name(),
-        "avx512_bf16": "avx512_bf16" in flags,
+        **cpu(),
         "jax": jax.__version__,
         "results": results,
     }, indent=1))
