@@ -33,6 +33,7 @@ import glob
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -105,6 +106,7 @@ def profile(population: int, total_timesteps: int, precision: str, runs: int,
     wall_seconds = (time.perf_counter() - started) / runs
     trace = glob.glob(os.path.join(trace_dir, "**", "*.xplane.pb"), recursive=True)
     data = jax.profiler.ProfileData.from_file(trace[0])
+    shutil.rmtree(trace_dir, ignore_errors=True)
     per_op = collections.Counter()
     for plane in data.planes:
         for line in plane.lines:
