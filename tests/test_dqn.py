@@ -22,6 +22,7 @@ import sys
 import jax
 import jax.numpy as jnp
 import numpy as np
+import orbax.checkpoint as ocp
 import pytest
 
 from inner_loops import make_learner, stack_hyperparams, train_population
@@ -178,6 +179,8 @@ def tiny():
         "rest": jit(functools.partial(learner.advance, num_updates=16 - 2 * SEGMENT)),
         "population": jit(functools.partial(train_population, learner.train,
                                             chunk_size=POPULATION)),
+        "chunked": jit(functools.partial(train_population, learner.train,
+                                         chunk_size=POPULATION - 1)),
         "evaluate": jit(learner.evaluate),
     }
 
@@ -241,6 +244,43 @@ def test_population_equals_members_trained_one_by_one(tiny):
     # the members really differ: their own epsilon ranges and losses
     assert together["epsilon"][:, -1].tolist() == pytest.approx([0.05, 0.2, 0.0])
     assert not np.allclose(together["td_loss"][0], together["td_loss"][1])
+
+
+def test_chunked_population_equals_unchunked(tiny):
+    """Two agents at a time (a ``lax.map`` over chunks, the last one short) gives the agents
+    of one ``vmap`` over all three."""
+    keys = jax.random.split(jax.random.PRNGKey(4), POPULATION)
+    hypers = stack_hyperparams(member_hypers())
+    whole = jax.device_get(tiny["population"](keys, None, hypers))
+    chunked = jax.device_get(tiny["chunked"](keys, None, hypers))
+    assert set(chunked) == set(whole)
+    for name, values in whole.items():
+        assert chunked[name].shape == values.shape == (POPULATION, 16), name
+        # a vmap of 2 may round its matrix products differently from a vmap of 3
+        np.testing.assert_allclose(chunked[name], values, rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+def test_checkpoint_and_resume_mid_training_equals_an_uninterrupted_run(tiny, tmp_path):
+    """Stop after 5 of 16 updates (mid-exploration, learning started), save the whole state
+    (replay buffer, optimiser, environments, key, counter) with orbax, restore it into the
+    state's structure and train on: the same agent as one uninterrupted ``train``."""
+    key = jax.random.PRNGKey(11)
+    whole = jax.device_get(tiny["train"](key))
+    state, first = tiny["advance"](tiny["init"](key))
+    with ocp.StandardCheckpointer() as checkpointer:
+        checkpointer.save(tmp_path / "agent", state)
+        checkpointer.wait_until_finished()
+        abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, state)
+        restored = checkpointer.restore(tmp_path / "agent", abstract)
+    assert_trees_equal(restored, state)
+    assert int(restored.update_count) == SEGMENT and int(restored.buffer.size) == 20
+    del state
+    restored, second = tiny["advance"](restored)
+    restored, third = tiny["rest"](restored)
+    resumed = jax.tree.map(lambda *xs: np.concatenate(xs),
+                           *jax.device_get([first, second, third]))
+    assert_trees_equal(resumed, whole)
+    assert int(restored.update_count) == 16
 
 
 def test_evaluate_runs_greedy_episodes(tiny):
