@@ -56,11 +56,14 @@ class DQNConfig:
     steps: one update collects 256 steps (8 environments x 32) and then takes 128 gradient
     steps on batches of 64 against a target network copied once per update (hard update),
     with epsilon decaying over the first 16% of the budget (close to the RL Baselines3
-    Zoo's CartPole settings) and the L2 TD loss. ``tests/test_dqn.py`` checks that the
-    median greedy return over 8 seeds is at least 400: measured over six sets of 8 seeds
-    (``PRNGKey(0..5)``) the medians were 500, 368, 500, 500, 277 and 479, with Huber 194
-    and 500 on the first two; a seed whose greedy policy is still poor after 1e5 steps
-    (about 100) is not rare.
+    Zoo's CartPole settings), the L2 TD loss and a learning rate decaying to zero.
+    ``tests/test_dqn.py`` checks that the median greedy return over 8 seeds is at least
+    400. Measured over eight sets of 8 seeds (``PRNGKey(0..7)``, 10 greedy episodes per
+    agent), the median was 500 in every set and 59 of the 64 agents returned at least
+    400 (the others 399, 365, 289, 266 and 117). Without the decay the medians of the first six
+    sets were 500, 368, 500, 500, 277 and 479 (32 of 48 agents at least 400: a greedy
+    policy often collapses late, to returns near 100), and with Huber instead of L2 (no
+    decay) 194 and 500 on the first two.
 
     Building a config checks every field but builds no environment; checks that need the
     environment (does ``env_id`` exist, are its actions discrete) run when the learner is
@@ -82,7 +85,8 @@ class DQNConfig:
         double_dqn: pick the next action with the online network, value it with the
             target network (van Hasselt et al. 2016).
         anneal_lr: decay the learning rate linearly to zero over training (by the update
-            counter), which settles the greedy policy at the end of the budget.
+            counter), which settles the greedy policy at the end of the budget (on by
+            default: without it a good CartPole policy often collapses late).
         td_loss: the default ``"value"`` slot: ``"l2"`` (``0.5 x^2``) or ``"huber"``
             (threshold 1).
         hidden_sizes, activation: the Q-network MLP.
@@ -103,7 +107,7 @@ class DQNConfig:
     learning_starts: int = 1_000
     target_update_interval: int = 128
     double_dqn: bool = True
-    anneal_lr: bool = False
+    anneal_lr: bool = True
     td_loss: str = "l2"
     hidden_sizes: tuple[int, ...] = (128, 128)
     activation: str = "relu"
