@@ -226,6 +226,15 @@ def twin_q(critic: networks.QNetwork, params: Any, obs: jax.Array,
     return jax.vmap(critic.apply, in_axes=(0, None, None))(params, obs, action)
 
 
+def min_q(q: jax.Array) -> jax.Array:
+    """The twin critics' minimum, ``[2, B] -> [B]``, as ``jnp.minimum(q[0], q[1])``.
+
+    Not ``jnp.min(q, axis=0)``: the gradient of a reduction divides by the number of
+    entries equal to the minimum, and XLA may recompute ``q`` with different rounding (it
+    did at ``xla_backend_optimization_level=0``), leaving none equal and a NaN gradient."""
+    return jnp.minimum(q[0], q[1])
+
+
 def first_q(critic: networks.QNetwork, params: Any, obs: jax.Array,
             action: jax.Array) -> jax.Array:
     """The first critic's ``Q(obs, action)`` alone (TD3's actor loss): ``[B]``."""

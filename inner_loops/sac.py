@@ -48,6 +48,7 @@ from inner_loops.continuous_control import (
     default_td_loss,
     init_twin_critic,
     make_env_for,
+    min_q,
     twin_critic_loss,
     twin_q,
 )
@@ -172,7 +173,7 @@ def build(config: SACConfig, objective: Objective | None = None) -> Learner:
                        progress):
         alpha = jnp.exp(nets.log_alpha)
         next_action, next_log_prob = sample_policy(nets.actor, batch.next_obs, noise)
-        next_q = jnp.min(twin_q(critic, nets.target_critic, batch.next_obs, next_action), axis=0)
+        next_q = min_q(twin_q(critic, nets.target_critic, batch.next_obs, next_action))
         soft_value = next_q - alpha * next_log_prob
         targets = off_policy.td_target(batch.reward, soft_value, batch.terminated, hypers.gamma)
         q = twin_q(critic, critic_params, batch.obs, scale.to_unit(batch.action))
@@ -182,7 +183,7 @@ def build(config: SACConfig, objective: Objective | None = None) -> Learner:
 
     def actor_loss_fn(actor_params, critic_params, alpha, obs, noise):
         action, log_prob = sample_policy(actor_params, obs, noise)
-        q = jnp.min(twin_q(critic, critic_params, obs, action), axis=0)
+        q = min_q(twin_q(critic, critic_params, obs, action))
         return jnp.mean(alpha * log_prob - q), log_prob
 
     def alpha_loss_fn(log_alpha, log_prob, target_entropy):

@@ -46,6 +46,7 @@ from inner_loops.continuous_control import (
     first_q,
     init_twin_critic,
     make_env_for,
+    min_q,
     twin_critic_loss,
     twin_q,
 )
@@ -172,7 +173,7 @@ def build(config: TD3Config, objective: Objective | None = None) -> Learner:
                        progress):
         noise = jnp.clip(hypers.target_noise * smoothing, -hypers.noise_clip, hypers.noise_clip)
         next_action = jnp.clip(actor.apply(nets.target_actor, batch.next_obs) + noise, -1.0, 1.0)
-        next_q = jnp.min(twin_q(critic, nets.target_critic, batch.next_obs, next_action), axis=0)
+        next_q = min_q(twin_q(critic, nets.target_critic, batch.next_obs, next_action))
         targets = off_policy.td_target(batch.reward, next_q, batch.terminated, hypers.gamma)
         q = twin_q(critic, critic_params, batch.obs, scale.to_unit(batch.action))
         loss = twin_critic_loss(objective, meta_params, q, jax.lax.stop_gradient(targets),
