@@ -25,13 +25,11 @@ their ratio, compile times and final returns.
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import statistics
-import subprocess
-import sys
 import time
+
+from _per_device import population_benchmark
 
 SETTINGS = dict(num_envs=4, num_steps=128, update_epochs=4, num_minibatches=4,
                 learning_rate=2.5e-4, gamma=0.99, gae_lambda=0.95, clip_eps=0.2,
@@ -161,27 +159,10 @@ def measure(population: int, devices: int, total_timesteps: int, repeats: int) -
 
 
 def main() -> None:
-    if len(sys.argv) > 1 and sys.argv[1] == "--child":
-        population, devices, total, repeats = map(int, sys.argv[2:6])
-        print(json.dumps(measure(population, devices, total, repeats)))
+    parsed = population_benchmark(__file__, __doc__.splitlines()[0], measure, 64, [1, 2])
+    if parsed is None:
         return
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--population", type=int, default=64)
-    parser.add_argument("--devices", type=int, nargs="+", default=[1, 2])
-    parser.add_argument("--total-timesteps", type=int, default=500_000,
-                        help="environment steps per agent (PureJaxRL: 5e5)")
-    parser.add_argument("--repeats", type=int, default=3)
-    args = parser.parse_args()
-    results = []
-    for devices in args.devices:
-        env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-        env["JAX_NUM_CPU_DEVICES"] = str(devices)
-        child = subprocess.run(
-            [sys.executable, __file__, "--child", str(args.population), str(devices),
-             str(args.total_timesteps), str(args.repeats)],
-            env=env, capture_output=True, text=True, check=True)
-        results.append(json.loads(child.stdout.strip().splitlines()[-1]))
-        print(json.dumps(results[-1]), file=sys.stderr, flush=True)
+    args, results = parsed
     import jax
     import rejax
 

@@ -5,10 +5,11 @@ an epsilon-greedy policy, every transition added to the agent's replay buffer, f
 ``gradient_steps`` gradient steps on batches drawn from it (none during the warm-up, the
 first ``learning_starts`` environment steps, which act uniformly at random). The critic's
 TD loss fills the objective's ``"value"`` slot with ``LossInputs(values=Q(s, a) [B],
-targets=r + gamma (1 - terminated) Q_target(s', a*) [B])``; by default Huber (or L2 with
-``td_loss = "l2"``). ``a*`` is the target network's argmax, or the online network's with
-``double_dqn``. A step cut by the time limit bootstraps from the observation it reached; a
-terminated one does not (see :mod:`inner_loops.off_policy`).
+targets=r + gamma (1 - terminated) Q_target(s', a*) [B])``; by default L2,
+``0.5 (q - t)^2`` (or Huber with ``td_loss = "huber"``). ``a*`` is the target network's
+argmax, or the online network's with ``double_dqn``. A step cut by the time limit
+bootstraps from the observation it reached; a terminated one does not (see
+:mod:`inner_loops.off_policy`).
 
 Schedules read ``state.update_count``: epsilon decays linearly from ``epsilon_start`` to
 ``epsilon_end`` over the first ``exploration_fraction`` of the budget's updates, and the
@@ -46,7 +47,7 @@ from inner_loops.validation import (
     check_widths,
 )
 
-TD_LOSSES = ("huber", "l2")
+TD_LOSSES = ("l2", "huber")
 
 
 @dataclass(frozen=True)
@@ -55,7 +56,11 @@ class DQNConfig:
     steps: one update collects 256 steps (8 environments x 32) and then takes 128 gradient
     steps on batches of 64 against a target network copied once per update (hard update),
     with epsilon decaying over the first 16% of the budget (close to the RL Baselines3
-    Zoo's CartPole settings; ``tests/test_dqn.py`` checks the greedy return over 8 seeds).
+    Zoo's CartPole settings) and the L2 TD loss. ``tests/test_dqn.py`` checks that the
+    median greedy return over 8 seeds is at least 400: measured over six sets of 8 seeds
+    (``PRNGKey(0..5)``) the medians were 500, 368, 500, 500, 277 and 479, with Huber 194
+    and 500 on the first two; a seed whose greedy policy is still poor after 1e5 steps
+    (about 100) is not rare.
 
     Building a config checks every field but builds no environment; checks that need the
     environment (does ``env_id`` exist, are its actions discrete) run when the learner is
@@ -78,7 +83,8 @@ class DQNConfig:
             target network (van Hasselt et al. 2016).
         anneal_lr: decay the learning rate linearly to zero over training (by the update
             counter), which settles the greedy policy at the end of the budget.
-        td_loss: the default ``"value"`` slot: ``"huber"`` or ``"l2"`` (``0.5 x^2``).
+        td_loss: the default ``"value"`` slot: ``"l2"`` (``0.5 x^2``) or ``"huber"``
+            (threshold 1).
         hidden_sizes, activation: the Q-network MLP.
         eval_episodes: episodes of :meth:`~inner_loops.learner.Learner.evaluate`.
         eval_max_steps: their step limit (default: the environment's time limit).
@@ -98,7 +104,7 @@ class DQNConfig:
     target_update_interval: int = 128
     double_dqn: bool = True
     anneal_lr: bool = False
-    td_loss: str = "huber"
+    td_loss: str = "l2"
     hidden_sizes: tuple[int, ...] = (128, 128)
     activation: str = "relu"
     eval_episodes: int = 10
@@ -288,7 +294,7 @@ def build(config: DQNConfig, objective: Objective | None = None) -> Learner:
     ``Learner.evaluate(state, key)`` runs ``eval_episodes`` greedy episodes: ``eval_return``
     and ``eval_length``.
     """
-    default_term = huber() if config.td_loss == "huber" else squared_error()
+    default_term = squared_error() if config.td_loss == "l2" else huber()
     objective = (objective or Objective()).with_defaults(value=default_term)
     vec_env = make_vec_env(config.env_id, config.num_envs, env_params=config.env_params)
     spec = vec_env.spec

@@ -16,9 +16,17 @@ output column at a time, as matrix-vector products.
 unchanged (up to float rounding); only the arrangement of the arithmetic differs.
 Reverse-mode differentiation (``jax.grad``) is supported; forward mode (``jax.jvp``) is not,
 as for any :func:`jax.custom_vjp` function.
+
+Mixed precision: :func:`dot_general_for` ``("bfloat16")`` gives a variant whose wide
+products (the forward pass and the input gradient) take bfloat16 operands and produce
+float32 results; parameters, their gradients (weight-gradient products stay float32),
+optimiser state and losses stay float32. The narrow, unrolled products stay float32: they
+are elementwise loops whose cost does not depend on the operands' width.
 """
 
 from __future__ import annotations
+
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -30,6 +38,8 @@ from jax import lax
 # 64x64 products stay batched dots.
 SMALL_WIDTH = 8
 
+PRECISIONS = ("float32", "bfloat16")
+
 
 def _sum_of_products(a: jax.Array, rows: jax.Array) -> jax.Array:
     """``a @ rows`` as ``sum_k a[..., k] * rows[k]``: ``[..., K] x [K, N] -> [..., N]``."""
@@ -39,8 +49,13 @@ def _sum_of_products(a: jax.Array, rows: jax.Array) -> jax.Array:
     return total
 
 
-def _dot(a: jax.Array, b: jax.Array, a_axis: int, b_axis: int) -> jax.Array:
-    return lax.dot_general(a, b, (((a_axis,), (b_axis,)), ((), ())))
+def _dot(a: jax.Array, b: jax.Array, a_axis: int, b_axis: int,
+         bfloat16: bool = False) -> jax.Array:
+    dimension_numbers = (((a_axis,), (b_axis,)), ((), ()))
+    if bfloat16:
+        return lax.dot_general(a.astype(jnp.bfloat16), b.astype(jnp.bfloat16),
+                               dimension_numbers, preferred_element_type=jnp.float32)
+    return lax.dot_general(a, b, dimension_numbers)
 
 
 def _by_columns(product, columns: int) -> jax.Array:
@@ -48,33 +63,34 @@ def _by_columns(product, columns: int) -> jax.Array:
     return jnp.stack([product(n) for n in range(columns)], axis=-1)
 
 
-def _forward(x: jax.Array, kernel: jax.Array) -> jax.Array:
+def _forward(x: jax.Array, kernel: jax.Array, bfloat16: bool) -> jax.Array:
     if kernel.shape[0] <= SMALL_WIDTH:
         return _sum_of_products(x, kernel)
     if kernel.shape[1] <= SMALL_WIDTH:
-        # matrix-vector products, one per output: under vmap, [16,4,64] x [16,64,2] took
-        # 4.6 us this way and 11.5 us as one batched dot
+        # matrix-vector products, one per output: under vmap faster than one batched dot
+        # with a narrow output (benchmarks/compare_revisions.py measures such choices)
         return _by_columns(lambda n: _dot(x, kernel[:, n], x.ndim - 1, 0), kernel.shape[1])
-    return _dot(x, kernel, x.ndim - 1, 0)
+    return _dot(x, kernel, x.ndim - 1, 0, bfloat16)
 
 
-@jax.custom_vjp
-def matmul(x: jax.Array, kernel: jax.Array) -> jax.Array:
-    """``x @ kernel`` for ``x [..., K]`` and ``kernel [K, N]``, returning ``[..., N]``."""
-    return _forward(x, kernel)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def matmul(x: jax.Array, kernel: jax.Array, bfloat16: bool = False) -> jax.Array:
+    """``x @ kernel`` for ``x [..., K]`` and ``kernel [K, N]``, returning ``[..., N]``;
+    with ``bfloat16`` the wide products take bfloat16 operands (float32 results)."""
+    return _forward(x, kernel, bfloat16)
 
 
-def _matmul_fwd(x, kernel):
-    return _forward(x, kernel), (x, kernel)
+def _matmul_fwd(x, kernel, bfloat16):
+    return _forward(x, kernel, bfloat16), (x, kernel)
 
 
-def _matmul_bwd(residuals, cotangent):
+def _matmul_bwd(bfloat16, residuals, cotangent):
     x, kernel = residuals
     # d x = cotangent @ kernel.T: [..., N] x [N, K] -> [..., K]
     if kernel.shape[1] <= SMALL_WIDTH:
         x_grad = _sum_of_products(cotangent, kernel.T)
     else:
-        x_grad = _dot(cotangent, kernel, cotangent.ndim - 1, 1)
+        x_grad = _dot(cotangent, kernel, cotangent.ndim - 1, 1, bfloat16)
     # d kernel = x.T @ cotangent, contracted over every leading axis: [K, N]
     leading = tuple(range(x.ndim - 1))
     over_leading = ((leading, leading), ((), ()))
@@ -91,6 +107,19 @@ def _matmul_bwd(residuals, cotangent):
 matmul.defvjp(_matmul_fwd, _matmul_bwd)
 
 
+def _is_dense_case(lhs, rhs, dimension_numbers, precision, preferred_element_type) -> bool:
+    (lhs_contracting, rhs_contracting), (lhs_batch, rhs_batch) = dimension_numbers
+    return (
+        rhs.ndim == 2
+        and tuple(lhs_contracting) == (lhs.ndim - 1,)
+        and tuple(rhs_contracting) == (0,)
+        and not lhs_batch
+        and not rhs_batch
+        and precision is None
+        and preferred_element_type is None
+    )
+
+
 def dense_dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None):
     """Drop-in for :func:`jax.lax.dot_general` in ``flax.linen.Dense``.
 
@@ -98,15 +127,25 @@ def dense_dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_ele
     case goes to :func:`matmul`. Anything else (and any explicit precision or output type)
     is handed to :func:`jax.lax.dot_general` unchanged.
     """
-    (lhs_contracting, rhs_contracting), (lhs_batch, rhs_batch) = dimension_numbers
-    dense_case = (
-        rhs.ndim == 2
-        and tuple(lhs_contracting) == (lhs.ndim - 1,)
-        and tuple(rhs_contracting) == (0,)
-        and not lhs_batch
-        and not rhs_batch
-    )
-    if dense_case and precision is None and preferred_element_type is None:
+    if _is_dense_case(lhs, rhs, dimension_numbers, precision, preferred_element_type):
         return matmul(lhs, rhs)
     return lax.dot_general(lhs, rhs, dimension_numbers, precision=precision,
                            preferred_element_type=preferred_element_type)
+
+
+def bfloat16_dense_dot_general(lhs, rhs, dimension_numbers, precision=None,
+                               preferred_element_type=None):
+    """:func:`dense_dot_general` with the wide products in bfloat16 (float32 results)."""
+    if _is_dense_case(lhs, rhs, dimension_numbers, precision, preferred_element_type):
+        return matmul(lhs, rhs, True)
+    return lax.dot_general(lhs, rhs, dimension_numbers, precision=precision,
+                           preferred_element_type=preferred_element_type)
+
+
+def dot_general_for(precision: str):
+    """The ``dot_general`` of a dense layer for ``precision``, one of :data:`PRECISIONS`."""
+    if precision == "float32":
+        return dense_dot_general
+    if precision == "bfloat16":
+        return bfloat16_dense_dot_general
+    raise ValueError(f"precision: got {precision!r}; allowed: {', '.join(PRECISIONS)}")

@@ -15,34 +15,39 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from inner_loops.linear import dense_dot_general
+from inner_loops.linear import dot_general_for
 
 ACTIVATIONS = {"tanh": nn.tanh, "relu": nn.relu}
 
 
-def _dense(features: int, scale: float) -> nn.Dense:
+def _dense(features: int, scale: float, precision: str) -> nn.Dense:
     return nn.Dense(
         features,
         kernel_init=nn.initializers.orthogonal(scale),
         bias_init=nn.initializers.zeros,
-        dot_general=dense_dot_general,
+        dot_general=dot_general_for(precision),
     )
 
 
 class MLP(nn.Module):
-    """Hidden layers with orthogonal(sqrt 2) init, then a linear head of ``out_scale``."""
+    """Hidden layers with orthogonal(sqrt 2) init, then a linear head of ``out_scale``.
+
+    ``precision`` (see :mod:`inner_loops.linear`) sets the operands of the matrix products;
+    parameters and outputs are float32 either way.
+    """
 
     hidden_sizes: Sequence[int]
     out_features: int
     out_scale: float
     activation: str = "tanh"
+    precision: str = "float32"
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
         act = ACTIVATIONS[self.activation]
         for width in self.hidden_sizes:
-            x = act(_dense(width, np.sqrt(2.0))(x))
-        return _dense(self.out_features, self.out_scale)(x)
+            x = act(_dense(width, np.sqrt(2.0), self.precision)(x))
+        return _dense(self.out_features, self.out_scale, self.precision)(x)
 
 
 class ActorCritic(nn.Module):
@@ -59,10 +64,12 @@ class ActorCritic(nn.Module):
     obs_ndim: int
     hidden_sizes: Sequence[int] = (64, 64)
     activation: str = "tanh"
+    precision: str = "float32"
 
     def setup(self):
-        self.actor = MLP(self.hidden_sizes, self.action_dim, 0.01, self.activation)
-        self.critic = MLP(self.hidden_sizes, 1, 1.0, self.activation)
+        self.actor = MLP(self.hidden_sizes, self.action_dim, 0.01, self.activation,
+                         self.precision)
+        self.critic = MLP(self.hidden_sizes, 1, 1.0, self.activation, self.precision)
         if not self.discrete:
             self.log_std = self.param("log_std", nn.initializers.zeros, (self.action_dim,))
 

@@ -28,6 +28,7 @@ from flax import struct
 from inner_loops import networks
 from inner_loops.envs import EnvParamPairs, VecEnvState, env_param_pairs, make_vec_env
 from inner_loops.learner import Learner
+from inner_loops.linear import PRECISIONS
 from inner_loops.objective import LossInputs, Objective, clipped_l2, ppo_clip
 from inner_loops.registry import register_algorithm
 from inner_loops.validation import (
@@ -62,6 +63,9 @@ class PPOConfig:
         num_minibatches: minibatches per pass; must divide ``num_envs * num_steps``.
         hidden_sizes: widths of the hidden layers of both actor and critic.
         activation: ``"tanh"`` or ``"relu"``.
+        precision: operands of the networks' matrix products, ``"float32"`` or
+            ``"bfloat16"`` (float32 results; parameters, optimiser state and losses stay
+            float32); see :mod:`inner_loops.linear`.
         policy: ``"auto"`` (from the action space), ``"categorical"`` or ``"gaussian"``.
         anneal_lr: decay the learning rate linearly to zero over training (by the update
             counter in the agent's state, so training in segments anneals the same way).
@@ -81,6 +85,7 @@ class PPOConfig:
     num_minibatches: int = 4
     hidden_sizes: tuple[int, ...] = (64, 64)
     activation: str = "tanh"
+    precision: str = "float32"
     policy: str = "auto"
     anneal_lr: bool = True
     normalize_obs: bool = False
@@ -102,6 +107,7 @@ class PPOConfig:
                      "num_minibatches"):
             check_positive_int(name, getattr(self, name))
         check_choice("activation", self.activation, networks.ACTIVATIONS)
+        check_choice("precision", self.precision, PRECISIONS)
         check_choice("policy", self.policy, POLICIES)
         if self.batch_size % self.num_minibatches:
             divisors = [d for d in range(1, self.batch_size + 1) if self.batch_size % d == 0]
@@ -323,6 +329,7 @@ def build(config: PPOConfig, objective: Objective | None = None) -> Learner:
         obs_ndim=len(spec.obs_shape),
         hidden_sizes=config.hidden_sizes,
         activation=config.activation,
+        precision=config.precision,
     )
     if discrete:
         action_low = action_high = None
@@ -412,14 +419,19 @@ def build(config: PPOConfig, objective: Objective | None = None) -> Learner:
                 vec_env.presample(env_key, num_steps),
             )
             params = state.params
-            carry, (rollout, finished) = jax.lax.scan(
-                env_step, RolloutCarry(params, state.env_state, state.obs, state.episodes), noise
-            )
-            next_values = network.apply(params, rollout.final_obs, method=network.value)
-            advantages, targets = compute_gae(
-                rollout.reward, rollout.value, next_values, rollout.terminated, rollout.done,
-                hypers.gamma, hypers.gae_lambda,
-            )
+            # the named scopes label the compiled program's operations for profiling
+            # (benchmarks/profile_ppo.py); they do not change what is computed
+            with jax.named_scope("rollout"):
+                carry, (rollout, finished) = jax.lax.scan(
+                    env_step, RolloutCarry(params, state.env_state, state.obs, state.episodes),
+                    noise,
+                )
+            with jax.named_scope("gae"):
+                next_values = network.apply(params, rollout.final_obs, method=network.value)
+                advantages, targets = compute_gae(
+                    rollout.reward, rollout.value, next_values, rollout.terminated,
+                    rollout.done, hypers.gamma, hypers.gae_lambda,
+                )
             progress = state.update_count / total_updates
             learning_rate = hypers.learning_rate
             if config.anneal_lr:
@@ -427,23 +439,29 @@ def build(config: PPOConfig, objective: Objective | None = None) -> Learner:
 
             def minibatch_step(carry, minibatch):
                 params, opt_state = carry
-                grads, diagnostics = jax.grad(loss_fn, has_aux=True)(
-                    params, meta_params, hypers, progress, minibatch
-                )
-                updates, opt_state = optimizer.update(grads, opt_state, params)
-                updates = jax.tree.map(lambda u: -learning_rate * u, updates)
-                return (optax.apply_updates(params, updates), opt_state), diagnostics
+                with jax.named_scope("loss"):
+                    grads, diagnostics = jax.grad(loss_fn, has_aux=True)(
+                        params, meta_params, hypers, progress, minibatch
+                    )
+                with jax.named_scope("optimiser"):
+                    updates, opt_state = optimizer.update(grads, opt_state, params)
+                    updates = jax.tree.map(lambda u: -learning_rate * u, updates)
+                    params = optax.apply_updates(params, updates)
+                return (params, opt_state), diagnostics
 
             # only what the loss reads is shuffled into minibatches
             batch = Minibatch(rollout.obs, rollout.action, rollout.log_prob, rollout.value,
                               advantages, targets)
 
             def epoch(carry, permutation_key):
-                flat = jax.tree.map(lambda x: x.reshape(config.batch_size, *x.shape[2:]), batch)
-                order = shuffled_indices(permutation_key, config.batch_size)
-                minibatches = jax.tree.map(
-                    lambda x: x[order].reshape(config.num_minibatches, -1, *x.shape[1:]), flat
-                )
+                with jax.named_scope("shuffle"):
+                    flat = jax.tree.map(lambda x: x.reshape(config.batch_size, *x.shape[2:]),
+                                        batch)
+                    order = shuffled_indices(permutation_key, config.batch_size)
+                    minibatches = jax.tree.map(
+                        lambda x: x[order].reshape(config.num_minibatches, -1, *x.shape[1:]),
+                        flat,
+                    )
                 return jax.lax.scan(minibatch_step, carry, minibatches)
 
             (params, opt_state), diagnostics = jax.lax.scan(

@@ -6,8 +6,8 @@ its stdout. The single-device references are computed here too (``mesh=None``: d
 only), under the same XLA flags, so the two sides differ only in sharding.
 
 Usage: ``python tests/_sharding_worker.py [PART ...] [--chunked]`` with parts ``plain``,
-``structure``, ``generation`` (the unsharded reference) and ``generation_sharded``; all
-by default.
+``structure``, ``generation`` (the unsharded reference), ``generation_sharded`` and
+``dqn``; all but ``dqn`` by default.
 """
 
 from __future__ import annotations
@@ -22,8 +22,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from inner_loops import population
-from inner_loops.population import broadcast_to_population
+from inner_loops import make_learner, population
+from inner_loops.dqn import DQNConfig
+from inner_loops.population import broadcast_to_population, stack_hyperparams
 from inner_loops.ppo import PPOConfig, make_train
 from metarl import sharding
 from metarl.config import ESConfig, ExperimentConfig, FitnessConfig, RunConfig
@@ -48,6 +49,11 @@ def experiment(shard: bool) -> ExperimentConfig:
 
 def listed(tree):
     return jax.tree.map(lambda x: np.asarray(jax.device_get(x), np.float64).tolist(), tree)
+
+
+def listed_leaves(tree) -> list:
+    """Every leaf of ``tree`` (any pytree, e.g. a learner's state) as nested lists."""
+    return [np.asarray(jax.device_get(x), np.float64).tolist() for x in jax.tree.leaves(tree)]
 
 
 def plain() -> dict:
@@ -105,6 +111,71 @@ def structure() -> dict:
     }
 
 
+DQN_TINY = DQNConfig(num_envs=2, train_frequency=2, gradient_steps=2, total_timesteps=64,
+                     buffer_size=32, batch_size=8, learning_starts=16,
+                     target_update_interval=2, hidden_sizes=(8,), exploration_fraction=0.5)
+DQN_SEGMENT = 8  # of 16 updates
+# A multiple of 4 devices: states left split over the devices cannot be padded and cut
+# back (6 agents' states fail with an IndivisibleError); padding is checked by ``plain``.
+DQN_AGENTS = 8
+
+
+def dqn() -> dict:
+    """8 DQN agents with their own hyperparameters, on one device and sharded over all.
+
+    ``reference``: one device, ``init_population`` then ``advance_population`` over the
+    whole budget (final states and metrics). ``sharded``: ``sharding.train_population``,
+    what evolution runs (metrics). ``sharded_segments``: sharded ``init_population``, then
+    two sharded segments of ``advance_population`` (final states and metrics), so the
+    states (replay buffers included) stay split over the devices between segments.
+    """
+    learner = make_learner(DQN_TINY)
+    keys = jax.random.split(jax.random.PRNGKey(5), DQN_AGENTS)
+    hypers = stack_hyperparams([
+        DQN_TINY.replace(learning_rate=lr, gamma=gamma, epsilon_end=eps).hyperparams()
+        for lr, gamma, eps in zip((1e-3, 3e-3, 1e-2, 3e-4, 1e-3, 3e-3, 1e-2, 3e-4),
+                                  (0.99, 0.9, 0.5, 0.99, 0.95, 0.8, 0.9, 0.7),
+                                  (0.05, 0.2, 0.0, 0.1, 0.3, 0.05, 0.1, 0.0), strict=True)])
+    mesh = sharding.population_mesh()
+
+    def reference(k, h):
+        states = population.init_population(learner, k, None, h)
+        return population.advance_population(learner, states, None, h)
+
+    def sharded_train(k, h):
+        return sharding.train_population(learner.train, k, None, h, mesh=mesh)
+
+    init = jax.jit(lambda k, h: sharding.init_population(learner, k, None, h, mesh=mesh))
+    advance = jax.jit(lambda s, h: sharding.advance_population(
+        learner, s, None, h, num_updates=DQN_SEGMENT, mesh=mesh))
+
+    def sharded_segments(k, h):
+        states = init(k, h)
+        states, first = advance(states, h)
+        shards = len(states.buffer.size.sharding.device_set)
+        states, second = advance(states, h)
+        metrics = jax.tree.map(lambda a, b: jnp.concatenate([a, b], axis=1), first, second)
+        return (states, metrics), shards
+
+    results, seconds = {}, {}
+    started = time.perf_counter()
+    states, metrics = jax.block_until_ready(jax.jit(reference)(keys, hypers))
+    seconds["reference"] = time.perf_counter() - started
+    results["reference"] = {"metrics": listed(metrics), "states": listed_leaves(states)}
+    started = time.perf_counter()
+    metrics = jax.block_until_ready(jax.jit(sharded_train)(keys, hypers))
+    seconds["sharded"] = time.perf_counter() - started
+    results["sharded"] = {"metrics": listed(metrics),
+                          "sharding": str(metrics["episode_return"].sharding)}
+    started = time.perf_counter()
+    (states, metrics), shards = sharded_segments(keys, hypers)
+    jax.block_until_ready(states)
+    seconds["sharded_segments"] = time.perf_counter() - started
+    results["sharded_segments"] = {"metrics": listed(metrics), "states": listed_leaves(states),
+                                   "state_devices": shards}
+    return {"results": results, "seconds": seconds, "num_updates": learner.num_updates}
+
+
 def run_generations(shard: bool) -> dict:
     evolution = Evolution(experiment(shard))
     state = evolution.init()
@@ -142,8 +213,9 @@ def main(parts: list[str]) -> None:
                                       exit=True)
     out = {"devices": jax.device_count(), "platform": jax.devices()[0].platform}
     tasks = {"plain": plain, "structure": structure, "generation": generation_reference,
-             "generation_sharded": generation_sharded}
-    for part in [p for p in parts if not p.startswith("--")] or list(tasks):
+             "generation_sharded": generation_sharded, "dqn": dqn}
+    default = [name for name in tasks if name != "dqn"]
+    for part in [p for p in parts if not p.startswith("--")] or default:
         name = "generation" if part.startswith("generation") else part
         out.setdefault(name, {}).update(tasks[part]())
     print(json.dumps(out))

@@ -30,3 +30,43 @@ def test_throughput_benchmark_reports_best_and_median_per_device_count():
     # the same keys train the same agents whether or not the population is sharded
     one, two = report["results"]
     assert math.isclose(one["final_return_mean"], two["final_return_mean"], rel_tol=1e-5)
+
+
+def _load_benchmark(name):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_profile_attributes_own_time_and_phases_by_jax_names():
+    profile = _load_benchmark("profile_ppo")
+    # a while loop of 10 ns holding two operations of 3 and 4 ns, then one of 5 ns
+    events = [(0, 10, "while.1"), (1, 3, "dot.2"), (5, 4, "fusion.3"), (20, 5, "dot.2")]
+    assert profile.exclusive_times(events) == {"while.1": 3, "dot.2": 8, "fusion.3": 4}
+    base = "jit(train)/vmap()/while/body/closed_call"
+    assert profile.phase_of(f"{base}/rollout/while/body/ActorCritic/dot_general") == "rollout"
+    assert profile.phase_of(f"{base}/while/loss/jvp(ActorCritic)/tanh") == "forward"
+    assert profile.phase_of(f"{base}/loss/transpose(loss)/jvp(ActorCritic)/dot") == "backward"
+    assert profile.phase_of(f"{base}/while/optimiser/mul") == "optimiser"
+    assert profile.phase_of(f"{base}/while") == "other"
+    hlo = ('  %dot.2 = f32[4,4]{1,0} dot(%a, %b), metadata={op_name="jit(f)/loss/dot"}\n'
+           '  ROOT %fusion.3 = f32[4]{0} fusion(%c), kind=kLoop, '
+           'metadata={op_name="jit(f)/gae/add" stack_frame_id=2}\n')
+    assert profile.op_names(hlo) == {"dot.2": "jit(f)/loss/dot", "fusion.3": "jit(f)/gae/add"}
+
+
+def test_profile_of_a_tiny_population_covers_every_phase():
+    command = [sys.executable, str(BENCHMARKS / "profile_ppo.py"), "--population", "2",
+               "--total-timesteps", "1024", "--runs", "1", "--top", "3"]
+    out = subprocess.run(command, env=env_without_device_count(**jax_cache_env()),
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    report = json.loads(out.stdout)
+    assert report["updates"] == 2
+    assert math.isclose(sum(report["share"].values()), 1.0, abs_tol=1e-3)
+    for phase in ("rollout", "gae", "shuffle", "forward", "backward", "optimiser"):
+        assert report["share"][phase] > 0, (phase, report["share"])
+    assert len(report["costliest_operations"]) == 3

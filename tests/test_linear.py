@@ -75,3 +75,54 @@ def test_other_contractions_fall_back_to_lax_dot_general():
     highest = linear.dense_dot_general(x, kernel, (((2,), (0,)), ((), ())),
                                        precision=jax.lax.Precision.HIGHEST)
     np.testing.assert_allclose(highest, x @ kernel, rtol=1e-5, atol=1e-5)
+
+
+def _bfloat16_rounded(a):
+    return np.asarray(jnp.asarray(a).astype(jnp.bfloat16).astype(jnp.float32), np.float64)
+
+
+@pytest.mark.parametrize("k,n", SHAPES)
+def test_bfloat16_products_round_only_the_operands_of_wide_products(k, n):
+    """Products in bfloat16 equal float64 products of bfloat16-rounded operands (float32
+    results): the forward product when both widths are wide, the input gradient when the
+    output is wide; the rest, and the kernel gradient, equal the float32 ones."""
+    x, kernel, cotangent = _inputs(k, n)
+    wide_output = n > linear.SMALL_WIDTH
+
+    def reference(a, b, rounded):
+        a, b = (_bfloat16_rounded(a), _bfloat16_rounded(b)) if rounded else (
+            np.asarray(a, np.float64), np.asarray(b, np.float64))
+        return np.einsum("abk,kn->abn", a, b)
+
+    out = linear.matmul(x, kernel, True)
+    assert out.dtype == jnp.float32
+    np.testing.assert_allclose(out, reference(x, kernel, k > linear.SMALL_WIDTH and wide_output),
+                               rtol=1e-5, atol=1e-4)
+
+    def loss(bfloat16):
+        return lambda x, kernel: jnp.sum(linear.matmul(x, kernel, bfloat16) * cotangent)
+
+    x_grad, kernel_grad = jax.grad(loss(True), argnums=(0, 1))(x, kernel)
+    want_kernel = jax.grad(loss(False), argnums=1)(x, kernel)
+    assert x_grad.dtype == kernel_grad.dtype == jnp.float32
+    np.testing.assert_allclose(kernel_grad, want_kernel, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(x_grad, reference(cotangent, kernel.T, wide_output),
+                               rtol=1e-5, atol=1e-4)
+    if wide_output:  # really rounded: far from the float32 product at this tolerance
+        assert not np.allclose(x_grad, reference(cotangent, kernel.T, False), rtol=1e-5,
+                               atol=1e-5)
+
+
+def test_a_bfloat16_dense_layer_keeps_float32_parameters_and_outputs():
+    x = jnp.asarray(np.random.default_rng(2).normal(size=(8, 64)), jnp.float32)
+    layer = nn.Dense(64, dot_general=linear.dot_general_for("bfloat16"))
+    params = layer.init(jax.random.PRNGKey(0), x)
+    assert all(leaf.dtype == jnp.float32 for leaf in jax.tree.leaves(params))
+    out = layer.apply(params, x)
+    assert out.dtype == jnp.float32
+    text = jax.jit(layer.apply).lower(params, x).as_text()
+    assert "bf16" in text
+    plain = nn.Dense(64).apply(params, x)
+    np.testing.assert_allclose(out, plain, rtol=5e-2, atol=5e-2)
+    with pytest.raises(ValueError, match="precision: got 'float16'"):
+        linear.dot_general_for("float16")

@@ -226,6 +226,7 @@ BAD_CONFIGS = [
     ({"env_id": "CartPole-v1", "policy": "gaussian"}, "policy", ["auto", "categorical"]),
     ({"policy": "beta"}, "policy", ["auto", "categorical", "gaussian"]),
     ({"activation": "gelu"}, "activation", ["tanh", "relu"]),
+    ({"precision": "float16"}, "precision", ["float32", "bfloat16"]),
     ({"num_envs": 0}, "num_envs", ["positive integer"]),
     ({"num_steps": -1}, "num_steps", ["positive integer"]),
     ({"total_timesteps": 0}, "total_timesteps", ["positive integer"]),

@@ -124,6 +124,57 @@ def test_sharded_generation_equals_single_device_and_compiles_once(worker):
     assert "spec=P()" in sharded["sharding"]
 
 
+@pytest.fixture(scope="module")
+def dqn_worker(tmp_path_factory):
+    """The ``dqn`` part of the worker, in its own process (started when first needed)."""
+    logs = tmp_path_factory.mktemp("sharding_dqn")
+    processes = {"dqn": start(["dqn"], logs, "dqn")}
+    try:
+        process = processes["dqn"]
+        try:
+            process.wait(timeout=TIMEOUT)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        if process.returncode != 0:
+            pytest.fail(f"DQN sharding worker failed ({process.returncode}); stderr tail:\n"
+                        f"{(logs / 'dqn.err').read_text()[-3000:]}")
+        output = json.loads((logs / "dqn.out").read_text().splitlines()[-1])
+    finally:
+        stop_workers(processes)
+    assert output["devices"] == DEVICES and output["platform"] == "cpu"
+    return output["dqn"]
+
+
+@pytest.mark.timeout(600)
+def test_sharded_dqn_population_equals_single_device(dqn_worker):
+    """8 DQN agents with their own hyperparameters, sharded over 4 devices, equal the same
+    agents on one device bit for bit: the metrics of ``train_population`` (what evolution
+    runs), and the metrics and final states (replay buffers, optimiser, target networks,
+    environments, keys) of a sharded ``init`` and two ``advance`` segments between which
+    the states stay on their devices (what PBT runs)."""
+    results = dqn_worker["results"]
+    reference = results["reference"]
+    num_updates = dqn_worker["num_updates"]
+    for run in ("sharded", "sharded_segments"):
+        metrics = results[run]["metrics"]
+        assert metrics.keys() == reference["metrics"].keys()
+        for name, values in reference["metrics"].items():
+            assert np.shape(values) == (8, num_updates), name
+            np.testing.assert_array_equal(metrics[name], values, err_msg=f"{run}: {name}")
+    assert len(results["sharded_segments"]["states"]) == len(reference["states"])
+    for index, (sharded, single) in enumerate(zip(results["sharded_segments"]["states"],
+                                                  reference["states"], strict=True)):
+        np.testing.assert_array_equal(sharded, single, err_msg=f"state leaf {index}")
+    assert results["sharded_segments"]["state_devices"] == DEVICES
+    assert "'population': 4" in results["sharded"]["sharding"]
+    assert "spec=P()" in results["sharded"]["sharding"]
+    # the agents learned (gradient steps after the warm-up) and differ from each other
+    td_loss = np.asarray(reference["metrics"]["td_loss"])
+    assert np.all(td_loss[:, -1] > 0)
+    assert len({tuple(row) for row in td_loss.tolist()}) == 8
+
+
 def test_one_device_mesh_takes_the_unsharded_path(monkeypatch):
     calls = []
 
