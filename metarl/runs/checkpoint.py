@@ -29,6 +29,7 @@ import logging
 import math
 import os
 import shutil
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -59,13 +60,34 @@ class DamagedCheckpoint(Exception):
 def _first_line(error: BaseException) -> str:
     text = str(error).strip().splitlines()
     message = text[0] if text else type(error).__name__
-    return f"{type(error).__name__}: {message[:300]}"
+    return f"{type(error).__name__}: {message[:200]}"
+
+
+def _ignore_late_callbacks() -> None:
+    """After a read of a damaged checkpoint fails, tensorstore still delivers callbacks to
+    the event loop orbax ran it on, which is closed by then; each one ends as an
+    "unraisable" ``RuntimeError('Event loop is closed')`` printed with its traceback.
+    They mean nothing (the failure was reported once already), so they are dropped; every
+    other unraisable exception reaches the previous hook."""
+    previous = sys.unraisablehook
+    if getattr(previous, "_metarl_filter", False):
+        return
+
+    def hook(unraisable):
+        if (unraisable.exc_type is RuntimeError
+                and str(unraisable.exc_value) == "Event loop is closed"):
+            return
+        previous(unraisable)
+
+    hook._metarl_filter = True
+    sys.unraisablehook = hook
 
 
 @contextlib.contextmanager
 def quiet_orbax() -> Iterator[None]:
     """Silence orbax's and asyncio's own error logs while we read or write checkpoints:
     failures reach the user once, as our error or warning naming the checkpoint."""
+    _ignore_late_callbacks()
     loggers = [logging.getLogger(name) for name in ("absl", "asyncio")]
     levels = [logger.level for logger in loggers]
     for logger in loggers:
