@@ -42,6 +42,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from inner_loops.validation import check_finite
+
 BRAX_PREFIX = "brax/"
 PROBE_PREFIX = "probe/"
 BRAX_EPISODE_LENGTH = 1000
@@ -153,6 +155,8 @@ def env_param_pairs(env_params: Mapping[str, Any] | Iterable[tuple[str, Any]] | 
     for name, value in pairs:
         if not isinstance(value, bool | int | float):
             raise ValueError(f"env_params.{name}: expected a number or a boolean, got {value!r}")
+        if isinstance(value, float):
+            check_finite(f"env_params.{name}", value)
     return tuple(sorted(pairs))
 
 

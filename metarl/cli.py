@@ -1,5 +1,10 @@
-"""``metarl evolve | resume | evaluate | plot | compare | sweep`` — the command line of the
-toolkit.
+"""``metarl evolve | resume | evaluate | plot | compare | sweep | runs`` — the command line of
+the toolkit.
+
+Exit codes: 0 success; 2 a config or run-directory error (one line on stderr naming the
+problem, no traceback: a bad field, a directory in use or holding another run, no usable
+checkpoint, a refused config change, a full disk); 3 a run that stopped itself (e.g.
+``run.max_invalid_generations`` generations in a row with every candidate invalid).
 
 For several processes (one per node), start ``metarl --distributed evolve ...`` in each:
 it initialises ``jax.distributed`` (:mod:`metarl.distributed`) and then runs the command;
@@ -30,7 +35,8 @@ def _evolve(args) -> int:
 def _resume(args) -> int:
     from metarl.run import resume
 
-    return _report(resume(args.run_dir, args.generations), args.no_plots)
+    return _report(resume(args.run_dir, args.generations, args.accept_config_change),
+                   args.no_plots)
 
 
 def _report(result, no_plots: bool) -> int:
@@ -47,13 +53,32 @@ def _report(result, no_plots: bool) -> int:
 
 
 def _evaluate(args) -> int:
-    from metarl.evaluate import EVALUATION_FILE, evaluate_run, format_table
+    from metarl.evaluate import evaluate_run, format_table
 
     baselines = args.baselines.split(",") if args.baselines else None
     report = evaluate_run(args.run_dir, args.env or None, args.seeds, baselines, args.which,
-                          args.eval_seed, args.total_timesteps)
+                          args.eval_seed, args.total_timesteps, rerun=args.rerun)
     print(format_table(report))
-    print(f"saved {Path(args.run_dir) / EVALUATION_FILE}")
+    if report.get("reused"):
+        print(f"reusing {report['path']}: the same evaluation (environments, seeds, budget, "
+              "meta-parameters and baselines) was made before; pass --rerun to compute it "
+              "again and replace it")
+    elif report.get("replaced"):
+        print(f"replaced {report['path']} with this new evaluation (--rerun)")
+    else:
+        print(f"saved {report['path']}")
+    return 0
+
+
+def _runs(args) -> int:
+    from metarl.runs.listing import format_runs, list_runs
+
+    root = Path(args.dir)
+    if not root.is_dir():
+        from metarl.runs.layout import RunError
+
+        raise RunError(f"directory not found: {root}")
+    print(format_runs(list_runs(root), root))
     return 0
 
 
@@ -154,6 +179,10 @@ def build_parser() -> argparse.ArgumentParser:
     resume.add_argument("run_dir")
     resume.add_argument("--generations", type=int, default=None,
                         help="total generations to reach (default: the config's)")
+    resume.add_argument("--accept-config-change", action="store_true",
+                        help="continue although config.json differs from the config saved "
+                             "in the checkpoint in more than es.generations; the change is "
+                             "recorded in metrics.jsonl and config_history.jsonl")
     resume.add_argument("--no-plots", action="store_true")
     resume.set_defaults(handler=_resume)
 
@@ -172,6 +201,9 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--eval-seed", type=int, default=10_007)
     evaluate.add_argument("--total-timesteps", type=int, default=None,
                           help="override the training budget per agent")
+    evaluate.add_argument("--rerun", action="store_true",
+                          help="compute an evaluation that was made before again, replacing "
+                               "its record (by default it is reused)")
     evaluate.set_defaults(handler=_evaluate)
 
     plot = commands.add_parser("plot", help="draw the learned objective and the run as PNGs")
@@ -206,6 +238,13 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--no-plots", action="store_true", help="write the table only")
     sweep.set_defaults(handler=_sweep)
 
+    runs = commands.add_parser(
+        "runs", help="list run directories: state (running, finished, stopped, "
+                     "interrupted), generation reached, best fitness, start time")
+    runs.add_argument("dir", nargs="?", default="runs",
+                      help="a run directory or a folder of them (default: runs)")
+    runs.set_defaults(handler=_runs)
+
     devices = commands.add_parser(
         "devices", help="list the JAX devices a run would shard its population over"
     )
@@ -213,9 +252,29 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _show_warnings_as_lines(command: str):
+    """Warnings (a skipped damaged checkpoint, a changed device count) as one line each."""
+    import warnings
+
+    original = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        if issubclass(category, UserWarning):
+            print(f"metarl {command}: warning: {message}", file=file or sys.stderr)
+        else:
+            original(message, category, filename, lineno, file, line)
+
+    warnings.showwarning = show
+    return original
+
+
 def main(argv: list[str] | None = None) -> int:
+    import warnings
+
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command == "runs":  # reads files only: JAX need not start
+        return _guarded(args)
     try:
         sharding.use_cpu_cores(args.cpu_devices)  # before JAX's first computation
     except ValueError as error:
@@ -230,18 +289,28 @@ def main(argv: list[str] | None = None) -> int:
             distributed.initialize()
         except ValueError as error:
             parser.error(f"--distributed: {error}")
-    from metarl.checkpoint import CheckpointError
+    original = _show_warnings_as_lines(args.command)
+    try:
+        return _guarded(args)
+    finally:
+        warnings.showwarning = original
+        if args.distributed:
+            distributed.shutdown()
+
+
+def _guarded(args) -> int:
+    """Run the command; errors the user can act on become one line and an exit code."""
     from metarl.config import ConfigError
-    from metarl.run import RunError
+    from metarl.runs.layout import RunError, RunStopped
 
     try:
         return args.handler(args)
-    except (ConfigError, RunError, CheckpointError) as error:
+    except (ConfigError, RunError) as error:
         print(f"metarl {args.command}: error: {error}", file=sys.stderr)
         return 2
-    finally:
-        if args.distributed:
-            distributed.shutdown()
+    except RunStopped as stop:
+        print(f"metarl {args.command}: {stop}", file=sys.stderr)
+        return 3
 
 
 if __name__ == "__main__":

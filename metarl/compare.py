@@ -19,8 +19,9 @@ from typing import Any
 import numpy as np
 
 from metarl.run import MEAN_FILE, RunError, read_metrics, read_run_config
+from metarl.runs.evaluations import LEGACY_FILE, list_records
 
-EVALUATION_FILE = "evaluation.json"
+EVALUATION_FILE = LEGACY_FILE
 
 
 @dataclass(frozen=True)
@@ -72,13 +73,8 @@ def flatten(data: Any, prefix: str = "") -> dict[str, Any]:
 
 
 def _evaluation_rows(run_dir: Path) -> tuple[tuple[str, str, float, float, float], ...]:
-    path = run_dir / EVALUATION_FILE
-    if not path.is_file():
-        return ()
-    data = json.loads(path.read_text())
-    reports = data if isinstance(data, list) else data.get("evaluations", [data])
     return tuple((r["env_id"], r["objective"], r["mean"], r["ci_low"], r["ci_high"])
-                 for report in reports for r in report.get("results", []))
+                 for report in list_records(run_dir) for r in report.get("results", []))
 
 
 def summarise_run(run_dir: str | Path, label: str | None = None) -> RunSummary:

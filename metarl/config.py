@@ -66,6 +66,9 @@ class ObjectiveConfig:
     name: str = "value_distance"
     options: dict[str, Any] = field(default_factory=dict)
 
+    def __post_init__(self):
+        _check_finite_numbers("objective.options", self.options)
+
     def build(self):
         """The :class:`~inner_loops.objective.Objective` this config names."""
         from metarl.objectives import make_objective
@@ -185,6 +188,9 @@ class RunConfig:
             one device per core, so this uses them all.
         checkpoint_every: save a checkpoint every this many generations.
         keep_checkpoints: most recent checkpoints kept (the best one is kept as well).
+        max_invalid_generations: stop the run (exit code 3, checkpoints kept) after this
+            many generations in a row in which every candidate was invalid (NaN or
+            infinite returns); 0 never stops.
         output_dir: parent directory of run directories.
         progress: show a progress bar.
     """
@@ -193,6 +199,7 @@ class RunConfig:
     chunk_size: int | str = AUTO
     checkpoint_every: int = 1
     keep_checkpoints: int = 3
+    max_invalid_generations: int = 5
     output_dir: str = "runs"
     progress: bool = True
     shard: bool = True
@@ -207,6 +214,8 @@ class RunConfig:
             raise ConfigError(f"run.{error}") from None
         check_positive_int("run.checkpoint_every", self.checkpoint_every, ConfigError)
         check_positive_int("run.keep_checkpoints", self.keep_checkpoints, ConfigError)
+        check_non_negative_int("run.max_invalid_generations", self.max_invalid_generations,
+                               ConfigError)
 
 
 def default_inner_config() -> Any:
@@ -267,6 +276,19 @@ class ExperimentConfig:
 
     def replace(self, **changes) -> ExperimentConfig:
         return dataclasses.replace(self, **changes)
+
+
+def _check_finite_numbers(path: str, value: Any) -> None:
+    """Every float inside ``value`` (nested tables and lists) is finite, or a
+    :class:`ConfigError` names where it is not."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            _check_finite_numbers(f"{path}.{key}", item)
+    elif isinstance(value, list | tuple):
+        for index, item in enumerate(value):
+            _check_finite_numbers(f"{path}[{index}]", item)
+    elif isinstance(value, float):
+        check_finite(path, value, ConfigError)
 
 
 def _plain(value):

@@ -7,7 +7,7 @@ The full learning curves are kept so they can be plotted against the baselines.
 
 from __future__ import annotations
 
-import json
+import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,8 +22,13 @@ from metarl.evolution import build_learner
 from metarl.fitness import run_is_valid, run_return
 from metarl.objectives import available_objectives, get_objective, make_objective
 from metarl.run import BEST_FILE, MEAN_FILE, load_meta_params, read_run_config
+from metarl.runs.evaluations import LEGACY_FILE, find_same, list_records, save_record
+from metarl.runs.layout import EVALUATIONS_DIR, RunError, now, read_metrics
 
-EVALUATION_FILE = "evaluation.json"
+EVALUATION_FILE = LEGACY_FILE  # one file per run before evaluations accumulated
+__all__ = ["EVALUATIONS_DIR", "EVALUATION_FILE", "ObjectiveResult", "bootstrap_ci",
+           "default_baselines", "evaluate_objective", "evaluate_run", "format_table",
+           "list_records"]
 DEFAULT_EVAL_SEED = 10_007
 EVOLVED = "evolved"
 
@@ -109,9 +114,16 @@ def _fits(objective_name: str, inner) -> bool:
 
 def evaluate_run(run_dir: str | Path, env_ids: list[str] | None = None, seeds: int = 16,
                  baselines: list[str] | None = None, which: str = "mean",
-                 eval_seed: int = DEFAULT_EVAL_SEED, total_timesteps: int | None = None
-                 ) -> dict[str, Any]:
-    """Evaluate a run's evolved objective against baselines; writes ``evaluation.json``.
+                 eval_seed: int = DEFAULT_EVAL_SEED, total_timesteps: int | None = None,
+                 rerun: bool = False) -> dict[str, Any]:
+    """Evaluate a run's evolved objective against baselines; saves ``evaluations/<n>.json``.
+
+    Evaluations accumulate (:mod:`metarl.runs.evaluations`): each is saved under the next
+    number with its ``spec`` (environments, seeds, evaluation seed, budget per environment,
+    which meta-parameters and a digest of them, baselines, fitness settings). When an
+    evaluation with the same spec exists, it is returned instead of computed again
+    (``report["reused"]``), unless ``rerun``, which computes it and replaces that record
+    (``report["replaced"]``). ``report["path"]`` is the record's file.
 
     Args:
         run_dir: a run directory written by ``metarl evolve``.
@@ -125,6 +137,7 @@ def evaluate_run(run_dir: str | Path, env_ids: list[str] | None = None, seeds: i
             candidate seen) meta-parameters.
         eval_seed: seed of the held-out key stream (distinct from training seeds).
         total_timesteps: override the training budget of every environment.
+        rerun: compute an evaluation made before again, replacing its record.
 
     Returns the report dict that is also saved as JSON.
     """
@@ -136,8 +149,8 @@ def evaluate_run(run_dir: str | Path, env_ids: list[str] | None = None, seeds: i
     config = read_run_config(run_dir)
     objective = config.objective.build()
     template = objective.init(jax.random.PRNGKey(0))
-    meta_params = load_meta_params(run_dir / (MEAN_FILE if which == "mean" else BEST_FILE),
-                                   template)
+    meta_path = run_dir / (MEAN_FILE if which == "mean" else BEST_FILE)
+    meta_params = load_meta_params(meta_path, template)
     if baselines is None:
         baselines = default_baselines(config.objective.name, config.inner[0])
     unknown = [b for b in baselines if b not in available_objectives()]
@@ -151,11 +164,28 @@ def evaluate_run(run_dir: str | Path, env_ids: list[str] | None = None, seeds: i
                               f"{algorithm_of(config.inner[0]).name!r}")
     by_env = {inner.env_id: inner for inner in config.inner}
     env_ids = env_ids or list(by_env)
-    results = []
+    inners = []
     for env_id in env_ids:
         inner = by_env.get(env_id) or config.inner[0].replace(env_id=env_id, env_params=())
         if total_timesteps is not None:
             inner = inner.replace(total_timesteps=total_timesteps)
+        inners.append(inner)
+    spec = {
+        "environments": list(env_ids),
+        "seeds": seeds,
+        "eval_seed": eval_seed,
+        "total_timesteps": {inner.env_id: inner.total_timesteps for inner in inners},
+        "meta_params": which,
+        "meta_params_sha256": hashlib.sha256(meta_path.read_bytes()).hexdigest(),
+        "baselines": list(baselines),
+        "fitness": {"metric": config.fitness.metric,
+                    "final_fraction": config.fitness.final_fraction},
+    }
+    earlier = find_same(run_dir, spec)
+    if earlier is not None and not rerun:
+        return {**earlier, "reused": True}
+    results = []
+    for inner in inners:
         results.append(evaluate_objective(objective, meta_params, inner, config.fitness,
                                           seeds, eval_seed, EVOLVED))
         for name in baselines:
@@ -164,17 +194,26 @@ def evaluate_run(run_dir: str | Path, env_ids: list[str] | None = None, seeds: i
                 baseline, baseline.init(jax.random.PRNGKey(0)), inner, config.fitness,
                 seeds, eval_seed, name,
             ))
+    try:
+        generation = read_metrics(run_dir)[-1]["generation"]
+    except (RunError, IndexError, KeyError):
+        generation = None
     report = {
         "run_dir": str(run_dir),
+        "created": now(),
         "objective": config.objective.name,
         "meta_params": which,
+        "meta_params_generation": generation,
         "metric": config.fitness.metric,
         "seeds": seeds,
         "eval_seed": eval_seed,
+        "spec": spec,
         "results": [r.__dict__ for r in results],
     }
-    (run_dir / EVALUATION_FILE).write_text(json.dumps(report, indent=1))
-    return report
+    replace = earlier["path"] if earlier is not None and earlier["id"] != "legacy" else None
+    path = save_record(run_dir, report, replace=replace)
+    return {**report, "path": str(path), "id": int(path.stem), "reused": False,
+            "replaced": replace is not None}
 
 
 def format_table(report: dict[str, Any]) -> str:

@@ -9,7 +9,10 @@ Every ``plot_*`` function returns a :class:`matplotlib.figure.Figure` built with
 ``<figure>.png``                what the run's objective draws of its learned loss (its
                                 registered ``plot``: ``value_distance.png`` for the value
                                 distance, ``drift_{mean,best}.png`` for LPO, ...)
-``learning_curves.png``         evolved vs baselines on held-out seeds (``evaluation.json``)
+``learning_curves_<n>.png``     evolved vs baselines on held-out seeds, one per evaluation
+                                (``evaluations/<n>.json``; ``learning_curves.png`` for the
+                                ``evaluation.json`` of runs made before evaluations
+                                accumulated)
 ==============================  =========================================================
 
 The drift plots take a function ``drift_fn(ratio, advantage, progress=0.0)``, such as the
@@ -33,7 +36,7 @@ from matplotlib import colors as mcolors
 from matplotlib.figure import Figure
 from matplotlib.ticker import FixedLocator, NullLocator, ScalarFormatter
 
-from metarl.evaluate import EVALUATION_FILE
+from metarl.evaluate import EVALUATION_FILE, list_records
 from metarl.objectives import dpo, get_objective, lpo
 from metarl.objectives.registry import RunFigureRequest
 from metarl.objectives.value_distance import value_distance
@@ -536,7 +539,7 @@ def plot_learning_curves(
 
     Args:
         evaluation_report: the dict returned by :func:`metarl.evaluate.evaluate_run` (or the
-            path of its ``evaluation.json``, or a run directory holding one).
+            path of a saved evaluation, or a run directory: its newest evaluation).
         steps_per_update: environment steps per update (``num_envs * num_steps``), one int
             or one per environment id, to put environment steps on the x axis; by default
             the report's ``steps_per_update`` if it has one, else updates.
@@ -591,6 +594,9 @@ def _read_report(report: Mapping[str, Any] | str | Path) -> Mapping[str, Any]:
         return report
     path = Path(report)
     if path.is_dir():
+        records = list_records(path)
+        if records:
+            return records[-1]
         path = path / EVALUATION_FILE
     if not path.is_file():
         raise RunError(f"no evaluation report at {path}")
@@ -611,8 +617,8 @@ def plot_run(run_dir: str | Path) -> list[Path]:
 
     Always the fitness; then what the run's objective draws of its learned loss for the
     search mean and the best candidate (its registered ``plot``, e.g. the learned value
-    distance against L2, or LPO's drift); and the learning curves when ``evaluation.json``
-    exists.
+    distance against L2, or LPO's drift); and the learning curves of every evaluation of the
+    run (:func:`metarl.evaluate.list_records`).
 
     Raises:
         RunError: ``run_dir`` is missing, is not a run, or has no finished generation.
@@ -638,17 +644,23 @@ def plot_run(run_dir: str | Path) -> list[Path]:
         for stem, fig in plot(request).items():
             written.append(_save(fig, out / f"{stem}.png"))
 
-    evaluation = run_dir / EVALUATION_FILE
-    if evaluation.is_file():
-        report = json.loads(evaluation.read_text())
+    for report in list_records(run_dir):
+        if not report.get("results"):
+            continue
         # reports written before results recorded their steps per update came from PPO
         by_env = {inner.env_id: getattr(inner, "batch_size", None) for inner in config.inner}
         steps = {r["env_id"]: r.get("steps_per_update") or by_env.get(r["env_id"])
                  or getattr(config.inner[0], "batch_size", 1)
                  for r in report.get("results", [])}
-        fig = plot_learning_curves(report, steps_per_update=steps,
-                                   title=f"{config.name}: held-out learning curves")
-        written.append(_save(fig, out / "learning_curves.png"))
+        legacy = not isinstance(report["id"], int)
+        title = f"{config.name}: held-out learning curves"
+        if not legacy:
+            title += (f" (evaluation {report['id']}: {report.get('seeds', '?')} seeds, "
+                      f"{report.get('meta_params', 'mean')} meta-params)")
+        fig = plot_learning_curves(report, steps_per_update=steps, title=title)
+        name = ("learning_curves.png" if report["id"] == "legacy"
+                else f"learning_curves_{report['id']}.png")
+        written.append(_save(fig, out / name))
     return written
 
 

@@ -1,22 +1,24 @@
-"""Run directories: start, continue and read back meta-evolution runs.
+"""Run kind "evolve": start, continue and read back meta-evolution runs.
 
-A run directory holds::
+A run directory holds the files of :mod:`metarl.runs.layout` (config, config history,
+metrics, status, lock, checkpoints, evaluations, plots) and, for evolution::
 
-    config.json                resolved experiment config (reloadable with load_config)
-    metrics.jsonl              one JSON line per generation
     best_meta_params.msgpack   best candidate so far (flax msgpack)
     mean_meta_params.msgpack   current centre of the search distribution
-    checkpoints/<generation>/  orbax checkpoints (see metarl.checkpoint)
 
-:func:`evolve` starts a run, :func:`resume` continues one from its latest complete
-checkpoint, :func:`load_run` reads one back for evaluation and plots.
+:func:`evolve` starts a run, :func:`resume` continues one by the rules of
+:mod:`metarl.runs.resume` (from its newest usable checkpoint, or from the beginning when it
+never reached one), :func:`load_run` reads one back for evaluation and plots. Both
+:func:`evolve` and :func:`resume` hold the directory's lock while they write
+(:mod:`metarl.runs.lock`), and stop with :class:`RunStopped` when every candidate has been
+invalid for ``run.max_invalid_generations`` generations in a row.
 """
 
 from __future__ import annotations
 
-import json
+import dataclasses
 import math
-import os
+import sys
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -29,24 +31,43 @@ from flax import serialization
 from tqdm import tqdm
 
 from metarl import distributed
-from metarl.checkpoint import CheckpointError, RunCheckpointer
 from metarl.config import (
+    ConfigError,
     ExperimentConfig,
     config_from_dict,
     read_config_data,
     upgrade_saved_config,
 )
 from metarl.evolution import Evolution, EvolutionState
+from metarl.runs import config_history
+from metarl.runs.checkpoint import DamagedCheckpoint, RunCheckpointer
+from metarl.runs.layout import (
+    CONFIG_FILE,
+    METRICS_FILE,
+    CheckpointError,
+    RunError,
+    RunStopped,
+    atomic_write,
+    now,
+    read_metrics,
+    remove_stale_temporaries,
+    write_json,
+    write_metrics,
+    write_status,
+)
+from metarl.runs.lock import hold_run_lock
+from metarl.runs.resume import find_resume_point, had_checkpoints
 from metarl.sharding import num_shards
 
-CONFIG_FILE = "config.json"
-METRICS_FILE = "metrics.jsonl"
 BEST_FILE = "best_meta_params.msgpack"
 MEAN_FILE = "mean_meta_params.msgpack"
+BUDGET_FIELDS = ("es.generations",)  # what may change when a run continues
 
-
-class RunError(RuntimeError):
-    """A run directory is missing, already used, or not a run."""
+__all__ = [
+    "BEST_FILE", "CONFIG_FILE", "MEAN_FILE", "METRICS_FILE", "CheckpointError", "RunError",
+    "RunResult", "RunStopped", "evolve", "load_meta_params", "load_run", "new_run_dir",
+    "read_metrics", "read_run_config", "resume", "save_meta_params",
+]
 
 
 @dataclass
@@ -68,21 +89,16 @@ class RunResult:
         return jax.device_get(self.evolution.mean_meta_params(self.state))
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
-
-
-def _write_metrics(run_dir: Path, history: list[dict[str, Any]]) -> None:
-    text = "".join(json.dumps(line) + "\n" for line in history)
-    _atomic_write(run_dir / METRICS_FILE, text.encode())
+def notify(message: str) -> None:
+    """Tell the user what a run is doing about its directory (process 0, stderr)."""
+    if distributed.is_primary():
+        print(f"metarl: {message}", file=sys.stderr, flush=True)
 
 
 def save_meta_params(path: str | Path, meta_params) -> None:
-    """Write meta-parameters (a pytree of arrays) as flax msgpack."""
+    """Write meta-parameters (a pytree of arrays) as flax msgpack, atomically."""
     arrays = jax.tree.map(np.asarray, jax.device_get(meta_params))
-    _atomic_write(Path(path), serialization.msgpack_serialize(
+    atomic_write(Path(path), serialization.msgpack_serialize(
         serialization.to_state_dict(arrays)
     ))
 
@@ -110,6 +126,16 @@ def new_run_dir(config: ExperimentConfig) -> Path:
         candidate = base.with_name(f"{base.name}-{suffix}")
         suffix += 1
     return candidate
+
+
+def normalized_config(data: dict[str, Any]) -> dict[str, Any]:
+    """A saved config in today's form (defaults filled in, old spellings upgraded), so that
+    comparing two configs finds only real differences."""
+    data = upgrade_saved_config(data)
+    try:
+        return config_from_dict(data).to_dict()
+    except ConfigError:
+        return data
 
 
 def _summary(generation: int, metrics: dict, state: EvolutionState, seconds: float,
@@ -144,15 +170,27 @@ def _summary(generation: int, metrics: dict, state: EvolutionState, seconds: flo
     }
 
 
+def invalid_streak(history: list[dict[str, Any]]) -> int:
+    """Generations at the end of ``history`` in which every candidate was invalid."""
+    streak = 0
+    for line in reversed(history):
+        if any(line.get("valid", [True])):
+            break
+        streak += 1
+    return streak
+
+
 def _run_generations(evolution: Evolution, state: EvolutionState, run_dir: Path,
-                     history: list[dict], until: int) -> RunResult:
+                     history: list[dict], events: list[dict], until: int) -> RunResult:
     config = evolution.config
     checkpointer = RunCheckpointer(run_dir, keep=config.run.keep_checkpoints)
     start = int(state.generation)
     primary = distributed.is_primary()  # only process 0 writes files and shows progress
+    limit = config.run.max_invalid_generations
     bar = tqdm(total=until, initial=start, desc=config.name, unit="gen",
                disable=not (config.run.progress and primary), dynamic_ncols=True)
     total_steps = history[-1]["agent_steps"] if history else 0
+    stopped = None
     try:
         for generation in range(start + 1, until + 1):
             started = time.perf_counter()
@@ -162,17 +200,18 @@ def _run_generations(evolution: Evolution, state: EvolutionState, run_dir: Path,
             total_steps += evolution.agent_steps_per_generation
             line = _summary(generation, metrics, state, seconds, evolution, total_steps)
             history.append(line)
+            if limit and invalid_streak(history) >= limit:
+                stopped = generation
             mean = evolution.mean_meta_params(state)  # a JAX computation: every process
             if primary:
-                _write_metrics(run_dir, history)
+                write_metrics(run_dir, history, events)
                 save_meta_params(run_dir / BEST_FILE, state.best_meta_params)
                 save_meta_params(run_dir / MEAN_FILE, mean)
             # every process calls save: orbax synchronises them and process 0 writes
-            if generation % config.run.checkpoint_every == 0 or generation == until:
-                meta = {"config": config.to_dict(), "history": history}
-                best_now = line["best_fitness"]
-                checkpointer.save(generation, state, meta,
-                                  best_now if math.isfinite(best_now) else -math.inf)
+            if (generation % config.run.checkpoint_every == 0 or generation == until
+                    or stopped):
+                meta = {"config": config.to_dict(), "history": history, "events": events}
+                checkpointer.save(generation, state, meta)
             bar.update(1)
             bar.set_postfix(
                 best=f"{line['best_fitness']:.4g}",
@@ -180,33 +219,89 @@ def _run_generations(evolution: Evolution, state: EvolutionState, run_dir: Path,
                 steps_per_s=f"{line['agent_steps_per_second']:.3g}",
                 invalid=line["invalid_candidates"],
             )
+            if stopped:
+                break
     finally:
         bar.close()
         checkpointer.close()
+    if stopped:
+        message = (
+            f"stopped after generation {stopped}: every candidate was invalid (NaN or "
+            f"infinite returns) in the last {limit} generations (run.max_invalid_generations"
+            f" = {limit}). Its checkpoints are kept in {run_dir / 'checkpoints'}. Check the "
+            "config's settings (learning rates, es.sigma, ...); `metarl resume "
+            f"{run_dir}` continues it"
+        )
+        if primary:
+            write_status(run_dir, "stopped", generation=stopped, message=message)
+        raise RunStopped(message)
+    if primary:
+        write_status(run_dir, "finished", generation=until)
     return RunResult(run_dir, config, evolution, state, history)
 
 
-def evolve(config: ExperimentConfig, run_dir: str | Path | None = None) -> RunResult:
-    """Start a new run of ``config`` in ``run_dir`` (a fresh directory by default)."""
-    run_dir = Path(run_dir) if run_dir is not None else new_run_dir(config)
-    run_dir = Path(distributed.agree(str(run_dir)))  # process 0's clock names the directory
-    taken = (run_dir / CONFIG_FILE).exists()
-    distributed.barrier("metarl-evolve-checked")  # all have looked before process 0 writes
-    if taken:
+def _initial_state(evolution: Evolution) -> EvolutionState:
+    config = evolution.config
+    baselines = None
+    if config.fitness.normalize_by_baseline and not config.fitness.baseline_returns:
+        baselines = evolution.measure_baselines(jax.random.PRNGKey(config.run.seed + 1))
+    return evolution.init(baselines=baselines)
+
+
+def _check_fresh(run_dir: Path, config: ExperimentConfig) -> None:
+    """Refuse a directory that holds a run, unless that run never reached a checkpoint and
+    has this very config (then it starts again from the beginning: nothing is lost)."""
+    if not (run_dir / CONFIG_FILE).exists():
+        return
+    if had_checkpoints(run_dir):
         raise RunError(
             f"{run_dir} already holds a run; continue it with `metarl resume {run_dir}` "
             "or choose another directory"
         )
-    evolution = Evolution(config)
+    try:
+        saved = upgrade_saved_config(read_config_data(run_dir / CONFIG_FILE))
+        changes = config_history.check_config_change(
+            saved, config.to_dict(), budget_fields=BUDGET_FIELDS, accept=True,
+            where=str(run_dir), normalize=normalized_config)
+    except (ConfigError, RunError, ValueError):
+        changes = [("config.json", "unreadable", "")]
+    if changes:
+        raise RunError(
+            f"{run_dir} holds a run of another config that never reached its first "
+            f"checkpoint (it differs in {', '.join(c[0] for c in changes)}). "
+            f"`metarl resume {run_dir}` runs that config from the beginning; or choose "
+            "another directory"
+        )
+    notify(f"{run_dir} holds a run of this config that never reached its first checkpoint "
+           "(nothing was lost); starting it from the beginning")
+
+
+def evolve(config: ExperimentConfig, run_dir: str | Path | None = None) -> RunResult:
+    """Start a new run of ``config`` in ``run_dir`` (a fresh directory by default).
+
+    Raises :class:`RunError` if the directory holds another run or another process is
+    writing it, and :class:`RunStopped` when the run stops itself.
+    """
+    run_dir = Path(run_dir) if run_dir is not None else new_run_dir(config)
+    run_dir = Path(distributed.agree(str(run_dir)))  # process 0's clock names the directory
+    evolution = Evolution(config)  # checks the config fully before anything is written
     if distributed.is_primary():
-        run_dir.mkdir(parents=True, exist_ok=True)
-        _atomic_write(run_dir / CONFIG_FILE, json.dumps(config.to_dict(), indent=2).encode())
-    distributed.barrier("metarl-evolve-created")
-    baselines = None
-    if config.fitness.normalize_by_baseline and not config.fitness.baseline_returns:
-        baselines = evolution.measure_baselines(jax.random.PRNGKey(config.run.seed + 1))
-    state = evolution.init(baselines=baselines)
-    return _run_generations(evolution, state, run_dir, [], config.es.generations)
+        try:
+            run_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise RunError(f"cannot create {run_dir}: {error.strerror or error}") from error
+    distributed.barrier("metarl-evolve-mkdir")
+    with hold_run_lock(run_dir, f"metarl evolve --run-dir {run_dir}"):
+        _check_fresh(run_dir, config)
+        distributed.barrier("metarl-evolve-checked")  # all have looked before 0 writes
+        if distributed.is_primary():
+            remove_stale_temporaries(run_dir)
+            write_json(run_dir / CONFIG_FILE, config.to_dict(), run_dir)
+            config_history.record(run_dir, "start", config=config.to_dict())
+            write_status(run_dir, "running", started=now())
+        distributed.barrier("metarl-evolve-created")
+        state = _initial_state(evolution)
+        return _run_generations(evolution, state, run_dir, [], [], config.es.generations)
 
 
 def read_run_config(run_dir: str | Path) -> ExperimentConfig:
@@ -219,26 +314,85 @@ def read_run_config(run_dir: str | Path) -> ExperimentConfig:
     return config_from_dict(upgrade_saved_config(read_config_data(run_dir / CONFIG_FILE)))
 
 
-def resume(run_dir: str | Path, generations: int | None = None) -> RunResult:
-    """Continue ``run_dir`` from its latest complete checkpoint.
+def _check_generation(step: int, state: EvolutionState, meta: dict[str, Any]) -> None:
+    if int(state.generation) != step:
+        raise DamagedCheckpoint(step, f"it holds generation {int(state.generation)}")
+    if not any(line.get("generation") == step for line in meta["history"]):
+        raise DamagedCheckpoint(step, "its history lacks that generation")
+
+
+def _find_checkpoint(run_dir: Path, evolution: Evolution, *, accept: bool, writer: bool):
+    checkpointer = RunCheckpointer(run_dir, keep=evolution.config.run.keep_checkpoints)
+    try:
+        return find_resume_point(
+            run_dir, checkpointer, evolution.init(), config=evolution.config.to_dict(),
+            normalize=normalized_config, budget_fields=BUDGET_FIELDS,
+            accept_config_change=accept, writer=writer, validate=_check_generation)
+    finally:
+        checkpointer.close()
+
+
+def resume(run_dir: str | Path, generations: int | None = None,
+           accept_config_change: bool = False) -> RunResult:
+    """Continue ``run_dir`` from its newest usable checkpoint (:mod:`metarl.runs.resume`).
 
     Runs until ``generations`` generations are complete in total (the config's
-    ``es.generations`` by default). Nothing in the directory is overwritten before the
-    checkpoint has been restored successfully.
+    ``es.generations`` by default; a new budget is written to ``config.json`` and the config
+    history). A run that never reached a checkpoint starts from the beginning. If
+    ``config.json`` differs from the config saved in the checkpoint in more than the budget,
+    the resume is refused (:class:`~metarl.runs.config_history.ConfigChangedError`) unless
+    ``accept_config_change``, which records the change in ``metrics.jsonl`` and
+    ``config_history.jsonl``. Nothing in the directory is overwritten before the checkpoint
+    has been restored; damaged checkpoints are moved to ``damaged-checkpoints/``.
     """
     run_dir = Path(run_dir)
-    evolution, generation, state, meta = _restore_latest(run_dir)
-    config = evolution.config
-    if generation != int(state.generation):
-        raise CheckpointError(f"checkpoint {generation} holds generation {int(state.generation)}")
-    until = generations if generations is not None else config.es.generations
-    if until < generation:
-        raise RunError(f"generations: the run already has {generation} generations (> {until})")
-    history = [line for line in meta["history"] if line["generation"] <= generation]
-    _warn_if_devices_changed(run_dir, history, num_shards(evolution.mesh))
-    if distributed.is_primary():
-        _write_metrics(run_dir, history)
-    return _run_generations(evolution, state, run_dir, history, until)
+    read_run_config(run_dir)  # a missing directory or config is reported before locking
+    with hold_run_lock(run_dir, f"metarl resume {run_dir}"):
+        config = read_run_config(run_dir)
+        evolution = Evolution(config)
+        found = _find_checkpoint(run_dir, evolution, accept=accept_config_change, writer=True)
+        if found is None:
+            notify(f"{run_dir} has no complete checkpoint (the run stopped before its first "
+                   "one, so nothing was lost): starting it from the beginning")
+            generation, state, history, events = 0, _initial_state(evolution), [], []
+        else:
+            generation, state = found.step, found.state
+            history = [line for line in found.meta["history"]
+                       if line["generation"] <= generation]
+            events = [event for event in found.meta.get("events", [])
+                      if event.get("after_step", 0) <= generation]
+            if found.skipped:
+                notify(f"resuming {run_dir} from checkpoint {generation}, the newest one "
+                       "that reads back")
+        until = generations if generations is not None else config.es.generations
+        if until < generation:
+            raise RunError(f"generations: the run already has {generation} generations "
+                           f"(> {until})")
+        budget_change = until != config.es.generations
+        if budget_change:
+            old_budget = config.es.generations
+            config = config.replace(es=dataclasses.replace(config.es, generations=until))
+            evolution.config = config  # es.generations shapes nothing that was compiled
+        if distributed.is_primary():
+            remove_stale_temporaries(run_dir)
+            if found is not None and found.changes:
+                changes = config_history.change_record(found.changes)
+                events.append({"event": "config_change", "after_step": generation,
+                               "time": now(), "changes": changes})
+                config_history.record(run_dir, "config_change", after_step=generation,
+                                      changes=changes, config=config.to_dict())
+                notify(f"continuing with a changed config (accepted, recorded in "
+                       f"{METRICS_FILE} and {config_history.CONFIG_HISTORY_FILE}): "
+                       f"{config_history.format_changes(found.changes)}")
+            if budget_change:
+                config_history.record(run_dir, "budget", after_step=generation,
+                                      changes=[{"field": "es.generations",
+                                                "old": old_budget, "new": until}])
+                write_json(run_dir / CONFIG_FILE, config.to_dict(), run_dir)
+            write_metrics(run_dir, history, events)
+            write_status(run_dir, "running", resumed=now())
+        _warn_if_devices_changed(run_dir, history, num_shards(evolution.mesh))
+        return _run_generations(evolution, state, run_dir, history, events, until)
 
 
 def _warn_if_devices_changed(run_dir: Path, history: list[dict], devices: int) -> None:
@@ -256,26 +410,12 @@ def _warn_if_devices_changed(run_dir: Path, history: list[dict], devices: int) -
 
 
 def load_run(run_dir: str | Path) -> RunResult:
-    """Read a run back (latest checkpoint, config and metrics) without running anything."""
+    """Read a run back (newest usable checkpoint, config and metrics) without running or
+    changing anything; damaged checkpoints are skipped with a warning."""
     run_dir = Path(run_dir)
-    evolution, _, state, meta = _restore_latest(run_dir)
-    return RunResult(run_dir, evolution.config, evolution, state, list(meta["history"]))
-
-
-def _restore_latest(run_dir: Path) -> tuple[Evolution, int, EvolutionState, dict[str, Any]]:
-    """Rebuild a run's :class:`Evolution` and restore its latest complete checkpoint."""
     evolution = Evolution(read_run_config(run_dir))
-    checkpointer = RunCheckpointer(run_dir, keep=evolution.config.run.keep_checkpoints)
-    try:
-        generation, state, meta = checkpointer.restore(evolution.init())
-    finally:
-        checkpointer.close()
-    return evolution, generation, state, meta
-
-
-def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
-    """The lines of a run's ``metrics.jsonl``."""
-    path = Path(run_dir) / METRICS_FILE
-    if not path.is_file():
-        raise RunError(f"no {METRICS_FILE} in {run_dir}")
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    found = _find_checkpoint(run_dir, evolution, accept=True, writer=False)
+    if found is None:
+        raise CheckpointError(f"no complete checkpoint in {run_dir / 'checkpoints'}")
+    return RunResult(run_dir, evolution.config, evolution, found.state,
+                     list(found.meta["history"]))

@@ -91,8 +91,11 @@ def _assert_same_run(run_dir, reference):
 
 
 def _tree_digest(directory: Path) -> str:
+    """Names and contents of every file (the lock file aside: each writer takes it)."""
     digest = hashlib.sha256()
     for path in sorted(directory.rglob("*")):
+        if path.name == "run.lock":
+            continue
         digest.update(str(path.relative_to(directory)).encode())
         if path.is_file():
             digest.update(path.read_bytes())
@@ -220,8 +223,12 @@ def test_resume_with_a_changed_config_stops_and_overwrites_nothing(reference_run
     config["objective"]["options"]["hidden_sizes"] = [16]
     (run_dir / "config.json").write_text(json.dumps(config))
     before = _tree_digest(run_dir)
-    with pytest.raises(CheckpointError, match="no longer matches"):
+    with pytest.raises(RunError, match=r"objective\.options\.hidden_sizes \[8\] -> \[16\]"):
         resume(run_dir, generations=GENERATIONS + 1)
+    assert _tree_digest(run_dir) == before
+    # accepted, the change still cannot continue: the checkpoint's arrays have other shapes
+    with pytest.raises(CheckpointError, match="no longer matches"):
+        resume(run_dir, generations=GENERATIONS + 1, accept_config_change=True)
     assert _tree_digest(run_dir) == before
 
 
@@ -263,12 +270,10 @@ def test_cli_errors_name_the_problem_and_exit_2(tiny_config_file, tmp_path, caps
 
 
 def test_evaluate_compares_the_evolved_objective_with_baselines(reference_run, capsys):
-    from metarl.evaluate import EVALUATION_FILE
-
     assert main(["evaluate", str(reference_run), "--seeds", "3", "--baselines", "l2"]) == 0
     table = capsys.readouterr().out
     assert "evolved" in table and "l2" in table and "95% CI" in table
-    report = json.loads((reference_run / EVALUATION_FILE).read_text())
+    report = json.loads((reference_run / "evaluations" / "1.json").read_text())
     assert [r["objective"] for r in report["results"]] == ["evolved", "l2"]
     for result in report["results"]:
         assert len(result["returns"]) == 3 and result["invalid"] == 0

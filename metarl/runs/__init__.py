@@ -1,0 +1,40 @@
+"""The run-directory layer that every run kind (``evolve`` today) shares.
+
+One module per job:
+
+- :mod:`~metarl.runs.layout`: the files of a run directory, atomic writes, the errors
+  (:class:`RunError`, exit code 2; :class:`RunStopped`, exit code 3);
+- :mod:`~metarl.runs.lock`: one writer per directory (``flock``, released by the OS);
+- :mod:`~metarl.runs.config_history`: the saved config against the current one, and the
+  record of accepted changes;
+- :mod:`~metarl.runs.checkpoint`: orbax checkpoints, retention that holds across resumes,
+  damaged checkpoints told apart from incompatible ones;
+- :mod:`~metarl.runs.resume`: the rules by which a run continues;
+- :mod:`~metarl.runs.evaluations`: evaluations that accumulate instead of replacing each
+  other;
+- :mod:`~metarl.runs.listing`: ``metarl runs``.
+
+Importing this package starts no JAX computation (nor does :mod:`~metarl.runs.listing`).
+"""
+
+from metarl.runs.layout import (
+    CheckpointError,
+    DiskFullError,
+    RunError,
+    RunStopped,
+    atomic_write,
+    read_metrics,
+)
+from metarl.runs.lock import RunLockedError, acquire, lock_holder
+
+__all__ = [
+    "CheckpointError",
+    "DiskFullError",
+    "RunError",
+    "RunLockedError",
+    "RunStopped",
+    "acquire",
+    "atomic_write",
+    "lock_holder",
+    "read_metrics",
+]
