@@ -23,6 +23,7 @@ import dataclasses
 import functools
 import subprocess
 import sys
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -339,6 +340,29 @@ def test_experiment_table_builds_dqn_and_evolves_a_value_loss(tmp_path):
     with pytest.raises(ConfigError, match=r"inner.batch_size: 64 is larger than the replay"):
         config_from_dict({"objective": {"name": "test_value_only_scaled_l2"},
                           "inner": {**inner, "batch_size": 64}})
+
+
+def test_the_dqn_value_distance_experiment_loads_and_validates():
+    """``experiments/value_distance_dqn_cartpole.toml``: the learned value distance in DQN's
+    ``"value"`` slot on CartPole, CPU-sized, compared with the L2 and Huber baselines. Its
+    learner builds (environment, objective and algorithm fit) without compiling."""
+    from metarl.config import load_config
+    from metarl.evaluate import default_baselines
+    from metarl.evolution import build_learner
+
+    path = Path(__file__).parents[1] / "experiments" / "value_distance_dqn_cartpole.toml"
+    config = load_config(path)
+    assert config.name == path.stem
+    assert config_from_dict(config.to_dict()) == config
+    [inner] = config.inner
+    assert isinstance(inner, DQNConfig) and inner.env_id == "CartPole-v1"
+    assert config.objective.name == "value_distance"
+    learner = build_learner(inner, config.objective.build())
+    assert learner.algorithm == "dqn" and learner.objective.slots == ("value",)
+    assert default_baselines(config.objective.name, inner) == ["l2", "huber"]
+    # CPU-sized: a generation trains 16 agents of at most 5e4 steps
+    assert config.es.population_size * config.fitness.seeds_per_candidate <= 16
+    assert learner.steps_per_agent <= 50_000 and config.es.generations <= 5
 
 
 # ------------------------------------------------------------------------ bad input
