@@ -29,13 +29,17 @@ def _evolve(args) -> int:
     from metarl.config import load_config
     from metarl.run import evolve
 
-    return _report(evolve(load_config(args.config, args.set), args.run_dir), args.no_plots)
+    overrides = list(args.set)
+    if args.track:
+        overrides.append(f"run.trackers={list(args.track)!r}")
+    return _report(evolve(load_config(args.config, overrides), args.run_dir), args.no_plots)
 
 
 def _resume(args) -> int:
     from metarl.run import resume
 
-    return _report(resume(args.run_dir, args.generations, args.accept_config_change),
+    trackers = None if args.track is None else tuple(args.track)
+    return _report(resume(args.run_dir, args.generations, args.accept_config_change, trackers),
                    args.no_plots)
 
 
@@ -47,7 +51,9 @@ def _report(result, no_plots: bool) -> int:
     print(f"run directory: {result.run_dir}")
     print(f"generations: {last['generation']}  best fitness so far: "
           f"{last['best_fitness_so_far']:.4g}  last mean fitness: {last['mean_fitness']:.4g}")
-    if not no_plots:
+    if result.plots:  # drawn already, for the trackers
+        print(f"plots: {', '.join(str(p) for p in result.plots)}")
+    elif not no_plots:
         _plot_quietly(result.run_dir)
     return 0
 
@@ -173,6 +179,11 @@ def build_parser() -> argparse.ArgumentParser:
     evolve.add_argument("--run-dir", default=None,
                         help="where to write the run (default: <run.output_dir>/<name>-<time>)")
     evolve.add_argument("--no-plots", action="store_true", help="skip the plots at the end")
+    evolve.add_argument("--track", action="append", default=[], metavar="TRACKER",
+                        choices=("tensorboard", "wandb"),
+                        help="send metrics and figures to tensorboard or wandb (offline "
+                             "unless WANDB_MODE says otherwise); repeatable; the same as "
+                             "run.trackers in the experiment file")
     evolve.set_defaults(handler=_evolve)
 
     resume = commands.add_parser("resume", help="continue a run from its latest checkpoint")
@@ -184,6 +195,10 @@ def build_parser() -> argparse.ArgumentParser:
                              "in the checkpoint in more than es.generations; the change is "
                              "recorded in metrics.jsonl and config_history.jsonl")
     resume.add_argument("--no-plots", action="store_true")
+    resume.add_argument("--track", action="append", default=None, metavar="TRACKER",
+                        choices=("tensorboard", "wandb"),
+                        help="send metrics and figures to these trackers from here on "
+                             "(repeatable; default: the run's run.trackers)")
     resume.set_defaults(handler=_resume)
 
     evaluate = commands.add_parser(

@@ -193,6 +193,10 @@ class RunConfig:
             infinite returns); 0 never stops.
         output_dir: parent directory of run directories.
         progress: show a progress bar.
+        trackers: experiment trackers that receive every generation's metrics and, at the
+            end, the run's figures: ``"tensorboard"`` and/or ``"wandb"`` (offline unless
+            ``WANDB_MODE`` says otherwise), each an optional extra (:mod:`metarl.trackers`).
+            Default: none. May change when a run is resumed.
     """
 
     seed: int = 0
@@ -203,6 +207,7 @@ class RunConfig:
     output_dir: str = "runs"
     progress: bool = True
     shard: bool = True
+    trackers: tuple[str, ...] = ()
 
     def __post_init__(self):
         if not isinstance(self.shard, bool):
@@ -214,6 +219,12 @@ class RunConfig:
             raise ConfigError(f"run.{error}") from None
         check_positive_int("run.checkpoint_every", self.checkpoint_every, ConfigError)
         check_positive_int("run.keep_checkpoints", self.keep_checkpoints, ConfigError)
+        from metarl.trackers import TRACKERS
+
+        for index, name in enumerate(self.trackers):
+            check_choice(f"run.trackers[{index}]", name, TRACKERS, ConfigError)
+        if len(set(self.trackers)) != len(self.trackers):
+            raise ConfigError(f"run.trackers: a tracker is named twice: {list(self.trackers)}")
         check_non_negative_int("run.max_invalid_generations", self.max_invalid_generations,
                                ConfigError)
 

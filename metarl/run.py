@@ -28,7 +28,7 @@ from typing import Any
 import jax
 import numpy as np
 from flax import serialization
-from tqdm import tqdm
+from tqdm.auto import tqdm
 
 from metarl import distributed
 from metarl.config import (
@@ -58,10 +58,12 @@ from metarl.runs.layout import (
 from metarl.runs.lock import hold_run_lock
 from metarl.runs.resume import find_resume_point, had_checkpoints
 from metarl.sharding import num_shards
+from metarl.trackers import RunTrackers, check_trackers
 
 BEST_FILE = "best_meta_params.msgpack"
 MEAN_FILE = "mean_meta_params.msgpack"
-BUDGET_FIELDS = ("es.generations",)  # what may change when a run continues
+# what may change when a run continues: the budget, and where its metrics are sent
+BUDGET_FIELDS = ("es.generations", "run.trackers")
 
 __all__ = [
     "BEST_FILE", "CONFIG_FILE", "MEAN_FILE", "METRICS_FILE", "CheckpointError", "RunError",
@@ -79,6 +81,7 @@ class RunResult:
     evolution: Evolution
     state: EvolutionState
     history: list[dict[str, Any]] = field(default_factory=list)
+    plots: list[Path] = field(default_factory=list)  # drawn at the end for the trackers
 
     @property
     def best_meta_params(self):
@@ -187,57 +190,69 @@ def _run_generations(evolution: Evolution, state: EvolutionState, run_dir: Path,
     start = int(state.generation)
     primary = distributed.is_primary()  # only process 0 writes files and shows progress
     limit = config.run.max_invalid_generations
+    trackers = RunTrackers(config.run.trackers, run_dir, run_dir.name, config.to_dict(),
+                           primary)
     bar = tqdm(total=until, initial=start, desc=config.name, unit="gen",
                disable=not (config.run.progress and primary), dynamic_ncols=True)
     total_steps = history[-1]["agent_steps"] if history else 0
     stopped = None
+    plots: list[Path] = []
     try:
-        for generation in range(start + 1, until + 1):
-            started = time.perf_counter()
-            state, metrics = evolution.step(state)
-            jax.block_until_ready(state)
-            seconds = time.perf_counter() - started
-            total_steps += evolution.agent_steps_per_generation
-            line = _summary(generation, metrics, state, seconds, evolution, total_steps)
-            history.append(line)
-            if limit and invalid_streak(history) >= limit:
-                stopped = generation
-            mean = evolution.mean_meta_params(state)  # a JAX computation: every process
-            if primary:
-                write_metrics(run_dir, history, events)
-                save_meta_params(run_dir / BEST_FILE, state.best_meta_params)
-                save_meta_params(run_dir / MEAN_FILE, mean)
-            # every process calls save: orbax synchronises them and process 0 writes
-            if (generation % config.run.checkpoint_every == 0 or generation == until
-                    or stopped):
-                meta = {"config": config.to_dict(), "history": history, "events": events}
-                checkpointer.save(generation, state, meta)
-            bar.update(1)
-            bar.set_postfix(
-                best=f"{line['best_fitness']:.4g}",
-                mean=f"{line['mean_fitness']:.4g}",
-                steps_per_s=f"{line['agent_steps_per_second']:.3g}",
-                invalid=line["invalid_candidates"],
+        try:
+            for generation in range(start + 1, until + 1):
+                started = time.perf_counter()
+                state, metrics = evolution.step(state)
+                jax.block_until_ready(state)
+                seconds = time.perf_counter() - started
+                total_steps += evolution.agent_steps_per_generation
+                line = _summary(generation, metrics, state, seconds, evolution, total_steps)
+                history.append(line)
+                trackers.log(generation, line)
+                if limit and invalid_streak(history) >= limit:
+                    stopped = generation
+                mean = evolution.mean_meta_params(state)  # a JAX computation: every process
+                if primary:
+                    write_metrics(run_dir, history, events)
+                    save_meta_params(run_dir / BEST_FILE, state.best_meta_params)
+                    save_meta_params(run_dir / MEAN_FILE, mean)
+                # every process calls save: orbax synchronises them and process 0 writes
+                if (generation % config.run.checkpoint_every == 0 or generation == until
+                        or stopped):
+                    meta = {"config": config.to_dict(), "history": history, "events": events}
+                    checkpointer.save(generation, state, meta)
+                bar.update(1)
+                bar.set_postfix(
+                    best=f"{line['best_fitness']:.4g}",
+                    mean=f"{line['mean_fitness']:.4g}",
+                    steps_per_s=f"{line['agent_steps_per_second']:.3g}",
+                    invalid=line["invalid_candidates"],
+                )
+                if stopped:
+                    break
+        finally:
+            bar.close()
+            checkpointer.close()
+        if stopped:
+            message = (
+                f"stopped after generation {stopped}: every candidate was invalid (NaN or "
+                f"infinite returns) in the last {limit} generations "
+                f"(run.max_invalid_generations = {limit}). Its checkpoints are kept in "
+                f"{run_dir / 'checkpoints'}. Check the config's settings (learning rates, "
+                f"es.sigma, ...); `metarl resume {run_dir}` continues it"
             )
-            if stopped:
-                break
-    finally:
-        bar.close()
-        checkpointer.close()
-    if stopped:
-        message = (
-            f"stopped after generation {stopped}: every candidate was invalid (NaN or "
-            f"infinite returns) in the last {limit} generations (run.max_invalid_generations"
-            f" = {limit}). Its checkpoints are kept in {run_dir / 'checkpoints'}. Check the "
-            "config's settings (learning rates, es.sigma, ...); `metarl resume "
-            f"{run_dir}` continues it"
-        )
+            if primary:
+                write_status(run_dir, "stopped", generation=stopped, message=message)
+            raise RunStopped(message)
         if primary:
-            write_status(run_dir, "stopped", generation=stopped, message=message)
-        raise RunStopped(message)
-    if primary:
-        write_status(run_dir, "finished", generation=until)
-    return RunResult(run_dir, config, evolution, state, history)
+            write_status(run_dir, "finished", generation=until)
+        if trackers:
+            from metarl.plots import plot_run
+
+            plots = plot_run(run_dir)
+            trackers.log_figures(until, plots)
+    finally:
+        trackers.close()
+    return RunResult(run_dir, config, evolution, state, history, plots)
 
 
 def _initial_state(evolution: Evolution) -> EvolutionState:
@@ -285,6 +300,7 @@ def evolve(config: ExperimentConfig, run_dir: str | Path | None = None) -> RunRe
     run_dir = Path(run_dir) if run_dir is not None else new_run_dir(config)
     run_dir = Path(distributed.agree(str(run_dir)))  # process 0's clock names the directory
     evolution = Evolution(config)  # checks the config fully before anything is written
+    check_trackers(config.run.trackers)
     if distributed.is_primary():
         try:
             run_dir.mkdir(parents=True, exist_ok=True)
@@ -333,7 +349,8 @@ def _find_checkpoint(run_dir: Path, evolution: Evolution, *, accept: bool, write
 
 
 def resume(run_dir: str | Path, generations: int | None = None,
-           accept_config_change: bool = False) -> RunResult:
+           accept_config_change: bool = False,
+           trackers: tuple[str, ...] | None = None) -> RunResult:
     """Continue ``run_dir`` from its newest usable checkpoint (:mod:`metarl.runs.resume`).
 
     Runs until ``generations`` generations are complete in total (the config's
@@ -344,12 +361,14 @@ def resume(run_dir: str | Path, generations: int | None = None,
     ``accept_config_change``, which records the change in ``metrics.jsonl`` and
     ``config_history.jsonl``. Nothing in the directory is overwritten before the checkpoint
     has been restored; damaged checkpoints are moved to ``damaged-checkpoints/``.
+    ``trackers`` replaces ``run.trackers`` from here on (recorded like a new budget).
     """
     run_dir = Path(run_dir)
     read_run_config(run_dir)  # a missing directory or config is reported before locking
     with hold_run_lock(run_dir, f"metarl resume {run_dir}"):
         config = read_run_config(run_dir)
         evolution = Evolution(config)
+        check_trackers(config.run.trackers if trackers is None else trackers)
         found = _find_checkpoint(run_dir, evolution, accept=accept_config_change, writer=True)
         if found is None:
             notify(f"{run_dir} has no complete checkpoint (the run stopped before its first "
@@ -373,6 +392,12 @@ def resume(run_dir: str | Path, generations: int | None = None,
             old_budget = config.es.generations
             config = config.replace(es=dataclasses.replace(config.es, generations=until))
             evolution.config = config  # es.generations shapes nothing that was compiled
+        tracker_change = trackers is not None and tuple(trackers) != config.run.trackers
+        if tracker_change:
+            old_trackers = list(config.run.trackers)
+            config = config.replace(run=dataclasses.replace(config.run,
+                                                            trackers=tuple(trackers)))
+            evolution.config = config
         if distributed.is_primary():
             remove_stale_temporaries(run_dir)
             if found is not None and found.changes:
@@ -388,6 +413,11 @@ def resume(run_dir: str | Path, generations: int | None = None,
                 config_history.record(run_dir, "budget", after_step=generation,
                                       changes=[{"field": "es.generations",
                                                 "old": old_budget, "new": until}])
+            if tracker_change:
+                config_history.record(run_dir, "trackers", after_step=generation,
+                                      changes=[{"field": "run.trackers", "old": old_trackers,
+                                                "new": list(trackers)}])
+            if budget_change or tracker_change:
                 write_json(run_dir / CONFIG_FILE, config.to_dict(), run_dir)
             write_metrics(run_dir, history, events)
             write_status(run_dir, "running", resumed=now())

@@ -11,6 +11,11 @@ Two trackers, each an optional extra that metarl never requires:
 Every tracker takes scalar metrics per step (generation or segment) and figures as PNG
 files; lists in the metrics (a value per candidate) are summarised by their mean, min and
 max, and non-numbers are left out.
+
+Runs switch them on with ``run.trackers = ["tensorboard", "wandb"]`` in the experiment
+file or ``--track NAME`` on the command line; :class:`RunTrackers` is what a run kind's
+loop calls. A resumed run keeps writing to the same TensorBoard folder and the same W&B run
+(its id is kept in ``<run_dir>/wandb-run-id``).
 """
 
 from __future__ import annotations
@@ -18,16 +23,20 @@ from __future__ import annotations
 import importlib
 import math
 import os
+import secrets
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
+
+from metarl.runs.layout import RunError
 
 TRACKERS = ("tensorboard", "wandb")
 EXTRAS = {"tensorboard": ("tensorboardX", "tensorboard"), "wandb": ("wandb", "wandb")}
 
 
-class TrackerError(RuntimeError):
-    """A tracker was asked for that this installation cannot provide."""
+class TrackerError(RunError):
+    """A tracker was asked for that this installation cannot provide (the command line
+    exits with code 2, as for other setup errors)."""
 
 
 class Tracker(Protocol):
@@ -88,13 +97,20 @@ class TensorBoardTracker:
 class WandbTracker:
     """A Weights & Biases run, offline unless ``WANDB_MODE`` says otherwise."""
 
+    ID_FILE = "wandb-run-id"
+
     def __init__(self, run_dir: Path, name: str, config: Mapping[str, Any]):
         import wandb
 
         self.wandb = wandb
+        id_file = run_dir / self.ID_FILE
+        run_id = id_file.read_text().strip() if id_file.is_file() else secrets.token_hex(4)
         self.run = wandb.init(project=os.environ.get("WANDB_PROJECT", "metarl"), name=name,
-                              dir=str(run_dir), config=dict(config),
-                              mode=os.environ.get("WANDB_MODE", "offline"), reinit=True)
+                              dir=str(run_dir), config=dict(config), id=run_id,
+                              resume="allow", mode=os.environ.get("WANDB_MODE", "offline"),
+                              reinit=True)
+        if not id_file.is_file():
+            id_file.write_text(run_id + "\n")
 
     def log(self, step: int, metrics: Mapping[str, Any]) -> None:
         self.run.log({k: v for k, v in scalars(metrics).items() if math.isfinite(v)}, step=step)
@@ -133,6 +149,42 @@ def open_trackers(names: Iterable[str], run_dir: str | Path, run_name: str,
         else:
             trackers.append(WandbTracker(run_dir, run_name, config))
     return trackers
+
+
+class RunTrackers:
+    """The trackers of one run, for a run kind's loop: :meth:`log` after every step
+    (generation or segment), :meth:`log_figures` at the end, :meth:`close` always.
+
+    With no names, or on a process other than the one that writes the run's files, every
+    method does nothing. Opening checks every tracker first, so a missing extra is one clear
+    :class:`TrackerError` before anything is trained.
+    """
+
+    def __init__(self, names: Iterable[str], run_dir: str | Path, run_name: str,
+                 config: Mapping[str, Any], primary: bool = True):
+        names = tuple(names)
+        self.trackers = open_trackers(names, run_dir, run_name, config) if (
+            names and primary) else []
+
+    def log(self, step: int, metrics: Mapping[str, Any]) -> None:
+        for tracker in self.trackers:
+            tracker.log(step, metrics)
+
+    def log_figures(self, step: int, paths: Iterable[Path]) -> None:
+        """Each PNG of ``paths`` under ``plots/<file name without .png>``."""
+        for path in paths:
+            path = Path(path)
+            if path.suffix == ".png":
+                for tracker in self.trackers:
+                    tracker.log_figure(step, f"plots/{path.stem}", path)
+
+    def __bool__(self) -> bool:
+        return bool(self.trackers)
+
+    def close(self) -> None:
+        for tracker in self.trackers:
+            tracker.close()
+        self.trackers = []
 
 
 def _as_markdown(config: Mapping[str, Any]) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -81,3 +82,62 @@ def test_unknown_or_missing_trackers_are_named(monkeypatch):
         check_trackers(["wandb"])
     assert check_trackers(["tensorboard"]) == ("tensorboard",)
     assert np.isclose(trackers.scalars({"x": [True, False]})["x/mean"], 0.5)
+
+
+def test_run_trackers_are_validated_by_name():
+    from metarl.config import ConfigError, config_from_dict
+
+    with pytest.raises(ConfigError, match=r"run.trackers\[1\]: got 'mlflow'; allowed: "
+                                          "tensorboard, wandb"):
+        config_from_dict({"run": {"trackers": ["tensorboard", "mlflow"]}})
+    with pytest.raises(ConfigError, match="run.trackers: a tracker is named twice"):
+        config_from_dict({"run": {"trackers": ["wandb", "wandb"]}})
+    assert config_from_dict({"run": {"trackers": ["wandb"]}}).run.trackers == ("wandb",)
+
+
+def test_a_run_and_its_resume_log_every_generation_and_the_figures(tmp_path):
+    """``metarl evolve --track tensorboard`` logs each generation's metrics and, at the end,
+    the run's figures; ``metarl resume --track tensorboard --track wandb`` continues the
+    same TensorBoard folder and adds an offline W&B run (a change of trackers is allowed on
+    resume and recorded)."""
+    import json
+    import os
+    import subprocess
+
+    from _subprocess_env import jax_cache_env
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    repo = Path(__file__).resolve().parents[1]
+    run_dir = tmp_path / "run"
+    env = {**os.environ, **jax_cache_env(), "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
+    # the tiny setting of tests/test_plots.py and the notebooks: its compilation is shared
+    tiny = ["es.population_size=2", "inner.total_timesteps=2048", "run.progress=false"]
+    evolve = [sys.executable, "-m", "metarl.cli", "evolve",
+              str(repo / "experiments" / "value_distance_cartpole.toml"), "--run-dir",
+              str(run_dir), "--set", "es.generations=2", "--track", "tensorboard"]
+    for override in tiny:
+        evolve += ["--set", override]
+    done = subprocess.run(evolve, cwd=repo, env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert json.loads((run_dir / "config.json").read_text())["run"]["trackers"] == [
+        "tensorboard"]
+    resume = [sys.executable, "-m", "metarl.cli", "resume", str(run_dir), "--generations",
+              "3", "--track", "tensorboard", "--track", "wandb"]
+    done = subprocess.run(resume, cwd=repo, env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+    events = EventAccumulator(str(run_dir / "tensorboard"),
+                              size_guidance={"images": 0, "scalars": 0}).Reload()
+    assert [e.step for e in events.Scalars("best_fitness_so_far")] == [1, 2, 3]
+    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [e.value for e in events.Scalars("mean_fitness")] == pytest.approx(
+        [line["mean_fitness"] for line in metrics if "generation" in line])
+    image_steps = sorted(e.step for e in events.Images("plots/fitness"))
+    assert image_steps == [2, 3]  # the figures at the end of each command
+    [wandb_run] = list((run_dir / "wandb").glob("offline-run-*"))
+    assert (run_dir / "wandb-run-id").read_text().strip() in wandb_run.name
+    history = [json.loads(line) for line in
+               (run_dir / "config_history.jsonl").read_text().splitlines()]
+    assert any(entry.get("event") == "trackers" for entry in history)
