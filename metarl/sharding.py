@@ -14,7 +14,9 @@ Resume a run on the device count it started with to continue it exactly.
 
 - **Uneven populations.** ``shard_map`` needs equal shares, so a population that does not
   divide the device count is padded with copies of its last agent to the next multiple and
-  the copies are dropped from the result (at most ``D - 1`` wasted runs).
+  the copies are dropped from the result (at most ``D - 1`` wasted runs). States of such a
+  population (:func:`init_population`, :func:`advance_population`) come back replicated
+  rather than split, since ``P`` agents cannot be split evenly over ``D`` devices.
 - **Memory and speed.** ``chunk_size`` is *per device* (see :mod:`inner_loops.population`
   for its one meaning, ``"auto"`` by default): peak memory per device is set by the chunk,
   not by ``P / D``.
@@ -191,6 +193,11 @@ def shard_population(fn: Callable, args: Any, mesh: Mesh | None,
     if num_shards(mesh) == 1:
         return population.map_in_chunks(fn, args, chunk)
     size = population.population_size(args)
+    uneven = size % num_shards(mesh) != 0
+    if uneven:
+        # pinned whole: left free, XLA may split a [P] input over part of the mesh in a way
+        # a 1-D mesh of D devices cannot name, and refuse to compile
+        args = replicate(args, mesh)
     padded = pad_population(args, padded_size(size, num_shards(mesh)))
     spec = PartitionSpec(tuple(mesh.axis_names))
 
@@ -202,7 +209,9 @@ def shard_population(fn: Callable, args: Any, mesh: Mesh | None,
     sharded = jax.shard_map(run_share, mesh=mesh, in_specs=(spec,), out_specs=spec,
                             check_vma=False)
     out = jax.tree.map(lambda x: x[:size], sharded(padded))
-    if replicate_output:
+    if replicate_output or uneven:
+        # a population that does not divide the devices cannot stay split evenly over them
+        # once the padding is dropped: it comes back replicated
         return replicate(out, mesh)
     return out
 
