@@ -192,8 +192,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="total generations to reach (default: the config's)")
     resume.add_argument("--accept-config-change", action="store_true",
                         help="continue although config.json differs from the config saved "
-                             "in the checkpoint in more than es.generations; the change is "
-                             "recorded in metrics.jsonl and config_history.jsonl")
+                             "in the checkpoint in more than es.generations or run.trackers; "
+                             "the change is recorded in metrics.jsonl and config_history.jsonl")
     resume.add_argument("--no-plots", action="store_true")
     resume.add_argument("--track", action="append", default=None, metavar="TRACKER",
                         choices=("tensorboard", "wandb"),
