@@ -13,7 +13,6 @@ exploring of one segment are one jitted function.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -132,10 +131,29 @@ def exploit_and_explore(key: jax.Array, fitness: jax.Array, states: Any, hypers:
     return states, hypers, ExploitRecord(source.astype(jnp.int32), replaced)
 
 
+def place_population(states: Any, hypers: Any, mesh) -> tuple[Any, Any]:
+    """Constrain (inside ``jit``) a population to the placement every segment returns:
+    states split along the agent axis over ``mesh`` (replicated when the population does
+    not divide evenly), hyperparameters replicated. With one placement from the first
+    segment on, the segment compiles once, and a restored population is placed alike."""
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    from metarl import sharding
+
+    if mesh is None or sharding.num_shards(mesh) == 1:
+        return states, hypers
+    size = jax.tree.leaves(states)[0].shape[0]
+    spec = (PartitionSpec(tuple(mesh.axis_names))
+            if size % sharding.num_shards(mesh) == 0 else PartitionSpec())
+    states = jax.lax.with_sharding_constraint(states, NamedSharding(mesh, spec))
+    return states, sharding.replicate(hypers, mesh)
+
+
 def make_segment(learner, config: PBTConfig, chunk_size: ChunkSize = AUTO, mesh=None):
     """The jitted ``segment(states, hypers, key, exploit) -> (states, hypers, metrics,
     fitness, record)``: ``segment_updates`` updates of the whole population, then one
-    :func:`exploit_and_explore`. ``mesh`` shards the population over devices."""
+    :func:`exploit_and_explore`. ``mesh`` shards the population over devices
+    (:func:`place_population`)."""
     from metarl import sharding
 
     def segment(states, hypers, key, exploit):
@@ -144,6 +162,7 @@ def make_segment(learner, config: PBTConfig, chunk_size: ChunkSize = AUTO, mesh=
         fitness = recent_return(metrics, config.fitness_window)
         states, hypers, record = exploit_and_explore(key, fitness, states, hypers, config,
                                                      exploit)
+        states, hypers = place_population(states, hypers, mesh)
         return states, hypers, metrics, fitness, record
 
     return jax.jit(segment)
@@ -162,9 +181,12 @@ def initial_population(learner, config: PBTConfig, key: jax.Array,
         learner.default_hypers)
     hypers = priors_lib.sample(hypers_key, config.priors, hypers)
     keys = jax.random.split(init_key, config.population_size)
-    init = jax.jit(functools.partial(sharding.init_population, learner,
-                                     chunk_size=chunk_size, mesh=mesh))
-    return init(keys, None, hypers), hypers
+
+    def init(keys, hypers):
+        states = sharding.init_population(learner, keys, None, hypers, chunk_size, mesh)
+        return place_population(states, hypers, mesh)
+
+    return jax.jit(init)(keys, hypers)
 
 
 @dataclass(frozen=True)

@@ -283,8 +283,13 @@ class PBTProgram:
         init_key, key = jax.random.split(jax.random.PRNGKey(self.config.run.seed))
         states, hypers = initial_population(self.learner, self.config.pbt, init_key,
                                             self.config.run.chunk_size, self.mesh)
-        return {"states": states, "hypers": hypers, "key": key,
-                "segment": jnp.zeros((), jnp.int32)}
+        state = {"states": states, "hypers": hypers, "key": key,
+                 "segment": jnp.zeros((), jnp.int32)}
+        if self.mesh is not None:  # where every segment leaves them (one compilation)
+            from metarl.sharding import put_replicated
+
+            state.update(put_replicated({"key": key, "segment": state["segment"]}, self.mesh))
+        return state
 
     def step(self, state: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
         """One segment (no exploit after the last); returns the new state and the
@@ -299,7 +304,7 @@ class PBTProgram:
         line["finite"] = [bool(f) for f in np.asarray(jax.device_get(
             jnp.all(metrics["finite"], axis=-1)))]
         return ({"states": states, "hypers": hypers, "key": state["key"],
-                 "segment": jnp.asarray(index + 1, jnp.int32)}, line)
+                 "segment": state["segment"] + 1}, line)
 
 
 @dataclass
@@ -665,12 +670,15 @@ def format_pbt_evaluation(report: dict[str, Any]) -> str:
     """Plain-text table of the members, best first."""
     what = ("deterministic return" if report["method"] == "deterministic"
             else "training return (last segment)")
-    names = list(report["members"][0]["hypers"]) if report["members"] else []
-    rows = [("member", what, "training return", *names)]
-    ranked = sorted(report["members"], key=lambda m: -np.nan_to_num(m["return"], nan=-np.inf))
+    members = report["members"]
+    names = [name for name in (members[0]["hypers"] if members else [])
+             if len({m["hypers"][name] for m in members}) > 1]  # those the members vary in
+    deterministic = report["method"] == "deterministic"
+    rows = [("member", what, *(["training return"] if deterministic else []), *names)]
+    ranked = sorted(members, key=lambda m: -np.nan_to_num(m["return"], nan=-np.inf))
     for member in ranked:
         rows.append((str(member["member"]), f"{member['return']:.2f}",
-                     f"{member['training_return']:.2f}",
+                     *([f"{member['training_return']:.2f}"] if deterministic else []),
                      *(f"{member['hypers'][n]:.4g}" for n in names)))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
