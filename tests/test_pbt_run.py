@@ -264,3 +264,45 @@ def test_metarl_run_starts_a_pbt_file_and_evolve_refuses_it(tiny_file, reference
     assert "start it with `metarl run FILE`" in capsys.readouterr().err
     assert main(["runs", str(tmp_path)]) == 0
     assert "finished  4/4" in capsys.readouterr().out
+
+
+SAC_TINY = """
+kind = "pbt"
+name = "sac_tiny"
+[inner]
+algorithm = "sac"
+env_id = "Pendulum-v1"
+total_timesteps = 1280
+buffer_size = 1280
+num_envs = 2
+train_frequency = 8
+gradient_steps = 2
+batch_size = 16
+learning_starts = 64
+actor_hidden_sizes = [8]
+critic_hidden_sizes = [8]
+eval_episodes = 2
+[pbt]
+population_size = 4
+segment_updates = 20
+[pbt.priors.actor_learning_rate]
+low = 3e-4
+high = 3e-3
+log = true
+[run]
+progress = false
+"""
+
+
+def test_an_off_policy_population_compiles_its_segment_once_and_evaluates_greedily(tmp_path):
+    path = tmp_path / "sac_tiny.toml"
+    path.write_text(SAC_TINY)
+    result = run_pbt(load_pbt_config(path), tmp_path / "sac")
+    assert len(result.history) == 4
+    # the initial population is placed and typed as every segment returns it
+    assert result.program.segment._cache_size() == 1
+    report = evaluate_pbt_run(result.run_dir)
+    assert report["method"] == "deterministic" and report["episodes"] == 2
+    scores = [m["return"] for m in report["members"]]
+    assert len(scores) == 4 and all(np.isfinite(scores)) and all(s < 0 for s in scores)
+    assert scores != [m["training_return"] for m in report["members"]]
