@@ -306,3 +306,21 @@ def test_an_off_policy_population_compiles_its_segment_once_and_evaluates_greedi
     scores = [m["return"] for m in report["members"]]
     assert len(scores) == 4 and all(np.isfinite(scores)) and all(s < 0 for s in scores)
     assert scores != [m["training_return"] for m in report["members"]]
+
+
+def test_a_longer_budget_continues_only_as_an_accepted_and_recorded_change(reference, tmp_path):
+    run_dir = tmp_path / "longer"
+    shutil.copytree(reference.run_dir, run_dir)
+    saved = json.loads((run_dir / "config.json").read_text())
+    saved["inner"]["total_timesteps"] = 768  # 24 updates: 6 segments instead of 4
+    (run_dir / "config.json").write_text(json.dumps(saved))
+    with pytest.raises(ConfigChangedError, match=r"inner\.total_timesteps 512 -> 768"):
+        resume_pbt(run_dir)
+    result = resume_pbt(run_dir, accept_config_change=True)
+    assert [line["segment"] for line in result.history] == list(range(1, 7))
+    events = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()
+              if "event" in json.loads(line)]
+    assert events[0]["event"] == "config_change" and events[0]["after_step"] == SEGMENTS
+    same = read_metrics(run_dir)[:SEGMENTS]
+    assert [line["fitness"] for line in same] == \
+        [line["fitness"] for line in read_metrics(reference.run_dir)]

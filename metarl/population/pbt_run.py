@@ -422,11 +422,11 @@ def _run_segments(program: PBTProgram, state: dict[str, Any], run_dir: Path,
             if segment % config.run.checkpoint_every == 0 or segment == until or stopped:
                 meta = {"config": config.to_dict(), "history": history, "events": events}
                 checkpointer.save(segment, state, meta)
-            bar.update(1)
             rate = line["agent_steps_per_second"]
             bar.set_postfix(segment=f"{segment}/{until}", best=f"{line['best_return']:.4g}",
                             median=f"{line['median_return']:.4g}",
-                            steps_per_s=f"{rate:.3g}" if rate else "-")
+                            steps_per_s=f"{rate:.3g}" if rate else "-", refresh=False)
+            bar.update(1)
             if stopped:
                 break
     finally:
