@@ -324,3 +324,14 @@ def test_a_longer_budget_continues_only_as_an_accepted_and_recorded_change(refer
     same = read_metrics(run_dir)[:SEGMENTS]
     assert [line["fitness"] for line in same] == \
         [line["fitness"] for line in read_metrics(reference.run_dir)]
+
+
+def test_a_run_that_never_reached_a_checkpoint_starts_again_from_the_beginning(
+        reference, tmp_path, capsys):
+    run_dir = tmp_path / "never_saved"
+    run_dir.mkdir()
+    shutil.copy(reference.run_dir / "config.json", run_dir / "config.json")
+    result = resume_pbt(run_dir)
+    assert "no complete checkpoint" in capsys.readouterr().err
+    same_lines(run_dir, reference.run_dir)
+    tree_equal(result.state, reference.state)
