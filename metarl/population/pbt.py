@@ -41,6 +41,10 @@ class PBTConfig:
         perturb_factors: factors a perturbed hyperparameter is multiplied by.
         fitness_window: a member's score is its mean episode return over the last this many
             updates of the segment.
+        reseed_copies: give each member that copies another a fresh PRNG key (the state's
+            ``key`` field) instead of its source's, so that copies explore with their own
+            noise rather than repeating their source's; off by default, when a copy
+            continues exactly as its source would.
         priors: hyperparameter name -> :class:`~metarl.population.priors.Prior`; members
             start from draws of them, and only these hyperparameters are explored.
     """
@@ -52,6 +56,7 @@ class PBTConfig:
     perturb_factors: tuple[float, ...] = (0.8, 1.2)
     fitness_window: int = 1
     priors: Mapping[str, Prior] = field(default_factory=dict)
+    reseed_copies: bool = False
 
     def __post_init__(self):
         check_positive_int("pbt.population_size", self.population_size)
@@ -68,6 +73,9 @@ class PBTConfig:
                 f"pbt.population_size: {self.population_size} members with exploit_fraction "
                 f"{self.exploit_fraction} leave no member to copy; use at least "
                 f"{int(-(-1 // self.exploit_fraction))} members or a larger fraction")
+        if not isinstance(self.reseed_copies, bool):
+            raise ValueError(f"pbt.reseed_copies: expected true or false, got "
+                             f"{self.reseed_copies!r}")
         for name, prior in self.priors.items():
             if not isinstance(prior, Prior):
                 raise ValueError(f"pbt.priors.{name}: expected a Prior, got {prior!r}")
@@ -122,6 +130,8 @@ def exploit_and_explore(key: jax.Array, fitness: jax.Array, states: Any, hypers:
     replaced = jnp.zeros(size, bool).at[bottom].set(True) & jnp.asarray(exploit)
     source = jnp.where(replaced, members.at[bottom].set(donors), members)
     states = select_members(states, source)
+    if config.reseed_copies:  # a key of its own (fold_in leaves the other draws as they were)
+        states = reseed_members(jax.random.fold_in(key, 1), states, replaced)
     copied = select_members(hypers, source)
     if config.explore == "perturb":
         explored = priors_lib.perturb(explore_key, config.priors, copied, config.perturb_factors)
@@ -147,6 +157,27 @@ def place_population(states: Any, hypers: Any, mesh) -> tuple[Any, Any]:
             if size % sharding.num_shards(mesh) == 0 else PartitionSpec())
     states = jax.lax.with_sharding_constraint(states, NamedSharding(mesh, spec))
     return states, sharding.replicate(hypers, mesh)
+
+
+def reseed_members(key: jax.Array, states: Any, members: jax.Array) -> Any:
+    """``states`` with a fresh PRNG key for every member where ``members [P]`` is true: the
+    leaves named ``key`` (raw ``uint32 [P, 2]`` keys, the learner contract's state key)."""
+    found = []
+
+    def fresh(path, leaf):
+        last = path[-1] if path else None
+        name = getattr(last, "name", getattr(last, "key", None))
+        if name != "key" or leaf.dtype != jnp.uint32 or leaf.ndim != 2:
+            return leaf
+        found.append(name)
+        new = jax.random.split(jax.random.fold_in(key, len(found)), leaf.shape[0])
+        return jnp.where(members[:, None], new.astype(leaf.dtype), leaf)
+
+    states = jax.tree_util.tree_map_with_path(fresh, states)
+    if not found:
+        raise ValueError("pbt.reseed_copies: the learner's state has no `key` field of raw "
+                         "uint32 keys to replace")
+    return states
 
 
 def make_segment(learner, config: PBTConfig, chunk_size: ChunkSize = AUTO, mesh=None):

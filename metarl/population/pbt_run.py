@@ -191,7 +191,8 @@ def _build_pbt(data: Any) -> PBTConfig:
     if unknown:
         raise ConfigError(f"pbt.{unknown[0]}: unknown field; allowed: {', '.join(names)}")
     hints = {"population_size": int, "segment_updates": int, "fitness_window": int,
-             "exploit_fraction": float, "explore": str, "perturb_factors": tuple[float, ...]}
+             "exploit_fraction": float, "explore": str, "perturb_factors": tuple[float, ...],
+             "reseed_copies": bool}
     kwargs = {name: _coerce(f"pbt.{name}", value, hints[name]) for name, value in data.items()}
     try:
         return PBTConfig(**kwargs, priors=built)
