@@ -234,7 +234,8 @@ def build_parser() -> argparse.ArgumentParser:
     resume = commands.add_parser("resume", help="continue a run from its latest checkpoint")
     resume.add_argument("run_dir")
     resume.add_argument("--generations", type=int, default=None,
-                        help="total generations to reach (default: the config's)")
+                        help="total generations to reach (default: the config's; evolution "
+                             "runs only)")
     resume.add_argument("--accept-config-change", action="store_true",
                         help="continue although config.json differs from the config saved "
                              "in the checkpoint in more than es.generations; the change is "
@@ -243,7 +244,8 @@ def build_parser() -> argparse.ArgumentParser:
     resume.set_defaults(handler=_resume)
 
     evaluate = commands.add_parser(
-        "evaluate", help="train fresh agents with the evolved objective and baselines"
+        "evaluate", help="train fresh agents with the evolved objective and baselines (a "
+                         "pbt run: evaluate its final members)"
     )
     evaluate.add_argument("run_dir")
     evaluate.add_argument("--env", action="append", default=[],
