@@ -119,7 +119,7 @@ def test_a_pbt_file_loads_typed_and_round_trips(tiny_file):
      r"pbt\.priors\.hidden_sizes: not a traced hyperparameter of ppo; allowed: learning_rate"),
     (["pbt.priors.gamma={low=0.9, high=1.5}"], r"pbt\.priors\.gamma\.high: 1\.5 is not a valid"),
     (["pbt.perturb_factors=[0.8, nan]"], r"pbt\.perturb_factors\[1\]: must be a finite"),
-    (["inner.algorithm='a2c'"], r"inner\.algorithm: unknown 'a2c'; allowed: dqn, ppo, sac"),
+    (["inner.algorithm='a2c'"], r"inner\.algorithm: unknown 'a2c'; allowed: .*ppo"),
     (["es.generations=3"], r"es: a pbt experiment has no \[es\] table"),
     (["kind='cem'"], r"kind: got 'cem'; allowed: evolve, pbt"),
 ])
