@@ -335,3 +335,25 @@ def test_a_run_that_never_reached_a_checkpoint_starts_again_from_the_beginning(
     assert "no complete checkpoint" in capsys.readouterr().err
     same_lines(run_dir, reference.run_dir)
     tree_equal(result.state, reference.state)
+
+
+def test_every_segment_reaches_the_run_configs_trackers(tiny_file, tmp_path, monkeypatch):
+    import metarl.trackers
+
+    logged, closed = [], []
+
+    class Recorder:
+        def log(self, step, metrics):
+            logged.append((step, metarl.trackers.scalars(metrics)))
+
+        def close(self):
+            closed.append(True)
+
+    monkeypatch.setattr(metarl.trackers, "open_trackers",
+                        lambda names, run_dir, name, config: [Recorder() for _ in names])
+    config = load_pbt_config(tiny_file)
+    # run.trackers (the field the run config gains for evolution runs), set by hand here
+    object.__setattr__(config.run, "trackers", ("tensorboard",))
+    run_pbt(config, tmp_path / "tracked")
+    assert [step for step, _ in logged] == list(range(1, SEGMENTS + 1)) and closed == [True]
+    assert {"best_return", "median_return", "hypers/learning_rate/mean"} <= set(logged[0][1])

@@ -406,6 +406,7 @@ def _run_segments(program: PBTProgram, state: dict[str, Any], run_dir: Path,
     best_so_far = history[-1]["best_return_so_far"] if history else -math.inf
     bar = tqdm(total=until, initial=start, desc=config.name, unit="segment",
                disable=not (config.run.progress and primary), dynamic_ncols=True)
+    trackers = _open_trackers(run_dir, config) if primary else []
     stopped = None
     try:
         for segment in range(start + 1, until + 1):
@@ -420,6 +421,8 @@ def _run_segments(program: PBTProgram, state: dict[str, Any], run_dir: Path,
                 stopped = segment
             if primary:
                 write_metrics(run_dir, history, events, step_key=STEP_KEY)
+                for tracker in trackers:
+                    tracker.log(segment, {k: v for k, v in line.items() if k != "returns"})
             if segment % config.run.checkpoint_every == 0 or segment == until or stopped:
                 meta = {"config": config.to_dict(), "history": history, "events": events}
                 checkpointer.save(segment, state, meta)
@@ -433,6 +436,8 @@ def _run_segments(program: PBTProgram, state: dict[str, Any], run_dir: Path,
     finally:
         bar.close()
         checkpointer.close()
+        for tracker in trackers:
+            tracker.close()
     if stopped:
         message = (
             f"stopped after segment {stopped}: every member's losses were non-finite in the "
@@ -446,6 +451,20 @@ def _run_segments(program: PBTProgram, state: dict[str, Any], run_dir: Path,
     if primary:
         write_status(run_dir, "finished", generation=until, segment=until, budget=until)
     return PBTRunResult(run_dir, config, program, state, history)
+
+
+def _open_trackers(run_dir: Path, config: PBTExperimentConfig) -> list:
+    """The experiment trackers ``run.trackers`` names (:mod:`metarl.trackers`), each sent
+    every segment's summary; none when the run config has no such field or names none."""
+    names = tuple(getattr(config.run, "trackers", ()) or ())
+    if not names:
+        return []
+    from metarl.trackers import TrackerError, open_trackers
+
+    try:
+        return open_trackers(names, run_dir, config.name, config.to_dict())
+    except TrackerError as error:
+        raise ConfigError(f"run.trackers: {error}") from None
 
 
 def new_run_dir(config: PBTExperimentConfig) -> Path:
