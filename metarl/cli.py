@@ -1,5 +1,6 @@
-"""``metarl evolve | resume | evaluate | plot | compare | sweep | runs`` — the command line of
-the toolkit.
+"""``metarl run | evolve | resume | evaluate | plot | compare | sweep | runs`` — the command
+line of the toolkit. ``run`` starts an experiment file of any kind (``metarl.kinds``);
+``resume``, ``evaluate`` and ``plot`` read the kind of the run directory.
 
 Exit codes: 0 success; 2 a config or run-directory error (one line on stderr naming the
 problem, no traceback: a bad field, a directory in use or holding another run, no usable
@@ -35,8 +36,14 @@ def _evolve(args) -> int:
     return _report(evolve(load_config(args.config, overrides), args.run_dir), args.no_plots)
 
 
+def _run(args) -> int:
+    from metarl.kinds import load_experiment, start
+
+    return _report(start(load_experiment(args.config, args.set), args.run_dir), args.no_plots)
+
+
 def _resume(args) -> int:
-    from metarl.run import resume
+    from metarl.kinds import resume
 
     trackers = None if args.track is None else tuple(args.track)
     return _report(resume(args.run_dir, args.generations, args.accept_config_change, trackers),
@@ -47,6 +54,8 @@ def _report(result, no_plots: bool) -> int:
     """Summarise a finished run (and plot it) on the process that owns the files."""
     if not distributed.is_primary():
         return 0
+    if getattr(result.config, "kind", "evolve") == "pbt":
+        return _report_pbt(result, no_plots)
     last = result.history[-1]
     print(f"run directory: {result.run_dir}")
     print(f"generations: {last['generation']}  best fitness so far: "
@@ -58,7 +67,42 @@ def _report(result, no_plots: bool) -> int:
     return 0
 
 
+def _report_pbt(result, no_plots: bool) -> int:
+    print(f"run directory: {result.run_dir}")
+    if result.history:
+        last = result.history[-1]
+        print(f"segments: {last['segment']}  agent-steps: {last['agent_steps']:,}  last "
+              f"segment's returns: best {last['best_return']:.4g} (member "
+              f"{last['best_member']}), median {last['median_return']:.4g}")
+    if not no_plots and result.history:
+        _plot_quietly(result.run_dir)
+    return 0
+
+
+def _evaluate_pbt(args) -> int:
+    from metarl.population.pbt_run import evaluate_pbt_run, format_pbt_evaluation
+
+    ignored = [flag for flag, value, default in (
+        ("--env", args.env, []), ("--seeds", args.seeds, 16), ("--baselines", args.baselines,
+                                                               None),
+        ("--which", args.which, "mean"), ("--total-timesteps", args.total_timesteps, None))
+        if value != default]
+    if ignored:
+        from metarl.config import ConfigError
+
+        raise ConfigError(f"{', '.join(ignored)}: only for evolution runs; a pbt run is "
+                          "evaluated on its final members (--eval-seed, --rerun)")
+    report = evaluate_pbt_run(args.run_dir, args.eval_seed, rerun=args.rerun)
+    print(format_pbt_evaluation(report))
+    print(("reusing " if report.get("reused") else "saved ") + str(report["path"]))
+    return 0
+
+
 def _evaluate(args) -> int:
+    from metarl.kinds import PBT, run_kind
+
+    if run_kind(args.run_dir) == PBT:
+        return _evaluate_pbt(args)
     from metarl.evaluate import evaluate_run, format_table
 
     baselines = args.baselines.split(",") if args.baselines else None
@@ -137,17 +181,17 @@ def _devices(args) -> int:
 
 
 def _plot(args) -> int:
-    from metarl.plots import plot_run
+    from metarl.kinds import plot
 
-    for path in plot_run(args.run_dir):
+    for path in plot(args.run_dir):
         print(path)
     return 0
 
 
 def _plot_quietly(run_dir) -> None:
-    from metarl.plots import plot_run
+    from metarl.kinds import plot
 
-    paths = plot_run(run_dir)
+    paths = plot(run_dir)
     print(f"plots: {', '.join(str(p) for p in paths)}")
 
 
@@ -169,6 +213,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     commands = parser.add_subparsers(dest="command", required=True)
 
+    run = commands.add_parser(
+        "run", help="start a run of any kind from an experiment file (kind = \"evolve\", "
+                    "the default, or \"pbt\")")
+    run.add_argument("config", help="experiment file, e.g. experiments/pbt_ppo_cartpole.toml")
+    run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                     help="override a config field, e.g. --set pbt.population_size=16 "
+                          "(values parsed as TOML; repeatable)")
+    run.add_argument("--run-dir", default=None,
+                     help="where to write the run (default: <run.output_dir>/<name>-<time>)")
+    run.add_argument("--no-plots", action="store_true", help="skip the plots at the end")
+    run.set_defaults(handler=_run)
+
     evolve = commands.add_parser("evolve", help="start a meta-evolution run from a config file")
     evolve.add_argument(
         "config", help="experiment file, e.g. experiments/value_distance_cartpole.toml"
@@ -189,7 +245,8 @@ def build_parser() -> argparse.ArgumentParser:
     resume = commands.add_parser("resume", help="continue a run from its latest checkpoint")
     resume.add_argument("run_dir")
     resume.add_argument("--generations", type=int, default=None,
-                        help="total generations to reach (default: the config's)")
+                        help="total generations to reach (default: the config's; evolution "
+                             "runs only)")
     resume.add_argument("--accept-config-change", action="store_true",
                         help="continue although config.json differs from the config saved "
                              "in the checkpoint in more than es.generations or run.trackers; "
@@ -202,7 +259,8 @@ def build_parser() -> argparse.ArgumentParser:
     resume.set_defaults(handler=_resume)
 
     evaluate = commands.add_parser(
-        "evaluate", help="train fresh agents with the evolved objective and baselines"
+        "evaluate", help="train fresh agents with the evolved objective and baselines (a "
+                         "pbt run: evaluate its final members)"
     )
     evaluate.add_argument("run_dir")
     evaluate.add_argument("--env", action="append", default=[],

@@ -378,6 +378,10 @@ def _build(cls, data: dict, path: str):
 def config_from_dict(data: dict[str, Any]) -> ExperimentConfig:
     """Build and validate an :class:`ExperimentConfig` from plain data."""
     data = dict(data)
+    kind = data.pop("kind", "evolve")  # other kinds: metarl.kinds
+    if kind != "evolve":
+        raise ConfigError(f"kind: this is a {kind!r} experiment, not an evolution one; start "
+                          "it with `metarl run FILE` (metarl.kinds.start from Python)")
     sections = {"objective": ObjectiveConfig, "es": ESConfig, "fitness": FitnessConfig,
                 "run": RunConfig}
     kwargs: dict[str, Any] = {}

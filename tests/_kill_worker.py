@@ -1,6 +1,7 @@
 """Subprocess for the crash tests: run `metarl evolve`, optionally freezing inside a save.
 
-Usage: ``python _kill_worker.py PAUSE_AT_GENERATION metarl-evolve-args...``
+Usage: ``python _kill_worker.py PAUSE_AT_GENERATION metarl-evolve-args...``, or
+``python _kill_worker.py PAUSE_AT_STEP run metarl-run-args...`` for ``metarl run``.
 
 With ``PAUSE_AT_GENERATION > 0`` the orbax save of that generation stops after its files are
 written into orbax's temporary directory and before the checkpoint is committed, prints
@@ -30,4 +31,5 @@ def finalize_then_freeze(self, directory):
 if pause_at > 0:
     ocp.StandardCheckpointHandler.finalize = finalize_then_freeze
 
-sys.exit(main(["evolve", *sys.argv[2:]]))
+args = sys.argv[2:]
+sys.exit(main(args if args[:1] == ["run"] else ["evolve", *args]))

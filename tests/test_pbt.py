@@ -227,3 +227,25 @@ def test_plot_pbt_draws_returns_schedules_exploits_and_the_winning_lineage():
     exploits = sum(sum(record["replaced"]) for record in result.history)
     assert sum(len(c.get_offsets()) for c in lr_ax.collections) == exploits == 2 * 9
     assert lr_ax.get_xlabel() == "environment steps per member"
+
+
+def test_reseeded_copies_take_their_source_state_with_a_key_of_their_own():
+    learner = make_learner(PPOConfig(num_envs=2, num_steps=8, total_timesteps=2 * 8 * 4,
+                                     update_epochs=1, num_minibatches=1, hidden_sizes=(8,)))
+    config = PBTConfig(population_size=4, segment_updates=2, exploit_fraction=0.25,
+                       priors={"learning_rate": Prior(1e-4, 1e-2, log=True)})
+    states, hypers = initial_population(learner, config, jax.random.PRNGKey(0), chunk_size=4)
+    fitness = jnp.array([3.0, 0.0, 2.0, 5.0])  # member 1 copies member 3
+    plain, _, record = exploit_and_explore(jax.random.PRNGKey(1), fitness, states, hypers,
+                                           config)
+    reseeded, _, same_record = exploit_and_explore(
+        jax.random.PRNGKey(1), fitness, states, hypers,
+        dataclasses.replace(config, reseed_copies=True))
+    assert np.asarray(record.source).tolist() == [0, 3, 2, 3]
+    np.testing.assert_array_equal(record.source, same_record.source)
+    np.testing.assert_array_equal(plain.key[1], states.key[3])  # an exact copy ...
+    assert not np.array_equal(reseeded.key[1], states.key[3])  # ... or one with its own key
+    np.testing.assert_array_equal(np.delete(reseeded.key, 1, 0), np.delete(plain.key, 1, 0))
+    for got, want in zip(jax.tree.leaves(reseeded.replace(key=plain.key)),
+                         jax.tree.leaves(plain), strict=True):
+        np.testing.assert_array_equal(got, want)

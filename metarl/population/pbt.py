@@ -13,7 +13,6 @@ exploring of one segment are one jitted function.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -42,6 +41,10 @@ class PBTConfig:
         perturb_factors: factors a perturbed hyperparameter is multiplied by.
         fitness_window: a member's score is its mean episode return over the last this many
             updates of the segment.
+        reseed_copies: give each member that copies another a fresh PRNG key (the state's
+            ``key`` field) instead of its source's, so that copies explore with their own
+            noise rather than repeating their source's; off by default, when a copy
+            continues exactly as its source would.
         priors: hyperparameter name -> :class:`~metarl.population.priors.Prior`; members
             start from draws of them, and only these hyperparameters are explored.
     """
@@ -53,6 +56,7 @@ class PBTConfig:
     perturb_factors: tuple[float, ...] = (0.8, 1.2)
     fitness_window: int = 1
     priors: Mapping[str, Prior] = field(default_factory=dict)
+    reseed_copies: bool = False
 
     def __post_init__(self):
         check_positive_int("pbt.population_size", self.population_size)
@@ -69,6 +73,9 @@ class PBTConfig:
                 f"pbt.population_size: {self.population_size} members with exploit_fraction "
                 f"{self.exploit_fraction} leave no member to copy; use at least "
                 f"{int(-(-1 // self.exploit_fraction))} members or a larger fraction")
+        if not isinstance(self.reseed_copies, bool):
+            raise ValueError(f"pbt.reseed_copies: expected true or false, got "
+                             f"{self.reseed_copies!r}")
         for name, prior in self.priors.items():
             if not isinstance(prior, Prior):
                 raise ValueError(f"pbt.priors.{name}: expected a Prior, got {prior!r}")
@@ -123,6 +130,8 @@ def exploit_and_explore(key: jax.Array, fitness: jax.Array, states: Any, hypers:
     replaced = jnp.zeros(size, bool).at[bottom].set(True) & jnp.asarray(exploit)
     source = jnp.where(replaced, members.at[bottom].set(donors), members)
     states = select_members(states, source)
+    if config.reseed_copies:  # a key of its own (fold_in leaves the other draws as they were)
+        states = reseed_members(jax.random.fold_in(key, 1), states, replaced)
     copied = select_members(hypers, source)
     if config.explore == "perturb":
         explored = priors_lib.perturb(explore_key, config.priors, copied, config.perturb_factors)
@@ -132,10 +141,50 @@ def exploit_and_explore(key: jax.Array, fitness: jax.Array, states: Any, hypers:
     return states, hypers, ExploitRecord(source.astype(jnp.int32), replaced)
 
 
+def place_population(states: Any, hypers: Any, mesh) -> tuple[Any, Any]:
+    """Constrain (inside ``jit``) a population to the placement every segment returns:
+    states split along the agent axis over ``mesh`` (replicated when the population does
+    not divide evenly), hyperparameters replicated. With one placement from the first
+    segment on, the segment compiles once, and a restored population is placed alike."""
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    from metarl import sharding
+
+    if mesh is None or sharding.num_shards(mesh) == 1:
+        return states, hypers
+    size = jax.tree.leaves(states)[0].shape[0]
+    spec = (PartitionSpec(tuple(mesh.axis_names))
+            if size % sharding.num_shards(mesh) == 0 else PartitionSpec())
+    states = jax.lax.with_sharding_constraint(states, NamedSharding(mesh, spec))
+    return states, sharding.replicate(hypers, mesh)
+
+
+def reseed_members(key: jax.Array, states: Any, members: jax.Array) -> Any:
+    """``states`` with a fresh PRNG key for every member where ``members [P]`` is true: the
+    leaves named ``key`` (raw ``uint32 [P, 2]`` keys, the learner contract's state key)."""
+    found = []
+
+    def fresh(path, leaf):
+        last = path[-1] if path else None
+        name = getattr(last, "name", getattr(last, "key", None))
+        if name != "key" or leaf.dtype != jnp.uint32 or leaf.ndim != 2:
+            return leaf
+        found.append(name)
+        new = jax.random.split(jax.random.fold_in(key, len(found)), leaf.shape[0])
+        return jnp.where(members[:, None], new.astype(leaf.dtype), leaf)
+
+    states = jax.tree_util.tree_map_with_path(fresh, states)
+    if not found:
+        raise ValueError("pbt.reseed_copies: the learner's state has no `key` field of raw "
+                         "uint32 keys to replace")
+    return states
+
+
 def make_segment(learner, config: PBTConfig, chunk_size: ChunkSize = AUTO, mesh=None):
     """The jitted ``segment(states, hypers, key, exploit) -> (states, hypers, metrics,
     fitness, record)``: ``segment_updates`` updates of the whole population, then one
-    :func:`exploit_and_explore`. ``mesh`` shards the population over devices."""
+    :func:`exploit_and_explore`. ``mesh`` shards the population over devices
+    (:func:`place_population`)."""
     from metarl import sharding
 
     def segment(states, hypers, key, exploit):
@@ -144,6 +193,7 @@ def make_segment(learner, config: PBTConfig, chunk_size: ChunkSize = AUTO, mesh=
         fitness = recent_return(metrics, config.fitness_window)
         states, hypers, record = exploit_and_explore(key, fitness, states, hypers, config,
                                                      exploit)
+        states, hypers = place_population(states, hypers, mesh)
         return states, hypers, metrics, fitness, record
 
     return jax.jit(segment)
@@ -162,9 +212,14 @@ def initial_population(learner, config: PBTConfig, key: jax.Array,
         learner.default_hypers)
     hypers = priors_lib.sample(hypers_key, config.priors, hypers)
     keys = jax.random.split(init_key, config.population_size)
-    init = jax.jit(functools.partial(sharding.init_population, learner,
-                                     chunk_size=chunk_size, mesh=mesh))
-    return init(keys, None, hypers), hypers
+
+    def init(keys, hypers):
+        states = sharding.init_population(learner, keys, None, hypers, chunk_size, mesh)
+        # strong types, as every segment returns them (weak ones would compile it twice)
+        states = jax.tree.map(lambda x: jax.lax.convert_element_type(x, x.dtype), states)
+        return place_population(states, hypers, mesh)
+
+    return jax.jit(init)(keys, hypers)
 
 
 @dataclass(frozen=True)

@@ -112,9 +112,12 @@ def run_info(run_dir: str | Path) -> RunInfo:
     config = read_json(run_dir / CONFIG_FILE, {}) or {}
     status = read_status(run_dir)
     last = _last_step_line(run_dir / METRICS_FILE) or {}
-    generation = int(last.get("generation", 0))
+    # evolution counts generations; population training (``kind = "pbt"``) segments,
+    # with its budget in status.json
+    generation = int(last.get("generation", last.get("segment", 0)))
     budget = (config.get("es") or {}).get("generations") if isinstance(config, dict) else None
-    best = last.get("best_fitness_so_far")
+    budget = budget if budget is not None else status.get("budget")
+    best = last.get("best_fitness_so_far", last.get("best_return_so_far"))
     best = float(best) if isinstance(best, int | float) else math.nan
     holder = lock_holder(run_dir)
     checkpoint = _newest_checkpoint(run_dir)
