@@ -167,8 +167,9 @@ def measure(args) -> dict:
         "metarl_over_rejax": round(best["metarl"] / best["rejax"], 3),
         # the work each needs, less sensitive than the wall clock to other jobs' load
         "cpu_seconds": {name: [round(t, 2) for t in s] for name, s in cpu_seconds.items()},
-        "metarl_over_rejax_cpu": round(min(cpu_seconds["rejax"]) / min(cpu_seconds["metarl"]),
-                                       3),
+        "metarl_over_rejax_cpu": round(
+            steps["metarl"] * min(cpu_seconds["rejax"])
+            / (steps["rejax"] * min(cpu_seconds["metarl"])), 3),
         "median_metarl_over_rejax": round(median["metarl"] / median["rejax"], 3),
         "compile_seconds": compile_seconds,
         "final_eval_return": {
