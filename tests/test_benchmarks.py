@@ -70,3 +70,16 @@ def test_profile_of_a_tiny_population_covers_every_phase():
     for phase in ("rollout", "gae", "shuffle", "forward", "backward", "optimiser"):
         assert report["share"][phase] > 0, (phase, report["share"])
     assert len(report["costliest_operations"]) == 3
+
+
+def test_offpolicy_update_benchmark_captures_the_real_learn_step():
+    # the benchmark times the learn function td3/sac hand to build_learner; if that
+    # hand-over changes, the capture must fail here rather than time something else
+    benchmark = _load_benchmark("offpolicy_update")
+    for algorithm in ("td3", "sac"):
+        learner, learn = benchmark.capture_update(algorithm, 8, "Pendulum-v1", 512)
+        assert learner.algorithm == algorithm and callable(learn)
+        assert learner.config.batch_size == 256
+        assert learner.config.actor_hidden_sizes == (8, 8)
+    args = benchmark.parse_args(["--populations", "1,16", "--sizes", "64", "--steps", "4"])
+    assert args.populations == [1, 16] and args.modes == ["loop", "vmap", "sharded"]
