@@ -70,10 +70,11 @@ def assert_trees_equal(a, b, exact=True):
 
 LEARNING_SEEDS = 8
 # A uniformly random policy's mean return on Pendulum-v1 is about -1246 (tests/test_ppo.py)
-# and on brax/inverted_pendulum (episode_length 100) about 6 (measured here, 64 episodes).
+# and on brax/inverted_pendulum with episodes of at most 100 steps 22.4 (64 episodes,
+# measured with this adapter; the reward is 1 per step until the pole falls).
 BRAX_ENV = "brax/inverted_pendulum"
 BRAX_EPISODE_LENGTH = 100
-BRAX_RANDOM_RETURN = 6.0
+BRAX_RANDOM_RETURN = 22.4
 LEARNING_WORKER = """
 import sys
 import jax
@@ -139,9 +140,12 @@ def test_default_config_learns_pendulum(learned, algorithm):
     assert learned[f"{algorithm}/finite"].all()
     assert np.median(evaluation) > -300.0, evaluation
     assert evaluation.max() > -200.0, evaluation
-    # the first training episodes are the warm-up's random policy's
-    first = learned[f"{algorithm}/episode_return"][:, :10]
-    assert np.all(np.nanmean(first, axis=1) < -900.0)
+    # the first training episodes (200 steps of 4 environments: 25 updates) are the
+    # warm-up's random policy's
+    warmup = TD3Config().warmup_updates
+    assert warmup == SACConfig().warmup_updates == 31
+    first = learned[f"{algorithm}/episode_return"][:, warmup]
+    assert np.all(first < -900.0), first
 
 
 @pytest.mark.slow
@@ -152,7 +156,7 @@ def test_sac_learns_a_brax_environment(learned):
     assert learned["brax/finite"].all()
     evaluation = learned["brax/eval_return"]
     print(f"SAC {BRAX_ENV} deterministic return per seed: {evaluation}")
-    assert np.all(evaluation > 5 * BRAX_RANDOM_RETURN), evaluation
+    assert np.all(evaluation > 2.5 * BRAX_RANDOM_RETURN), evaluation
 
 
 # ---------------------------------------------------------------------------- probes
