@@ -409,6 +409,24 @@ def test_evaluate_runs_the_deterministic_policy(tiny):
     assert -17 * 10 <= first["eval_return"] < 0  # Pendulum's reward lies in [-16.3, 0]
 
 
+@pytest.mark.parametrize("env_id", ["MountainCarContinuous-v0"])
+@pytest.mark.parametrize("algorithm", ["td3", "sac"])
+def test_other_continuous_environments_trace(algorithm, env_id):
+    """The whole update and the evaluation trace (shapes only, nothing compiles) on
+    gymnax's other continuous task (brax trains in the learning run)."""
+    config = CONFIGS[algorithm](env_id=env_id, num_envs=2, train_frequency=2,
+                                gradient_steps=2, total_timesteps=64, buffer_size=32,
+                                batch_size=8, learning_starts=16, eval_episodes=2,
+                                eval_max_steps=4)
+    learner = make_learner(config)
+    state = jax.eval_shape(learner.init, jax.random.PRNGKey(0))
+    _, metrics = jax.eval_shape(lambda s: learner.advance(s, num_updates=2), state)
+    assert metrics["episode_return"].shape == (2,)
+    evaluation = jax.eval_shape(learner.evaluate, state, jax.random.PRNGKey(1))
+    assert evaluation["eval_return"].shape == ()
+    assert state.buffer.storage.action.shape == (32, learner.spec.action_dim)
+
+
 # ---------------------------------------------------------------- sharded (subprocess)
 
 SHARDING_WORKER = Path(__file__).with_name("_sharding_worker_td3_sac.py")
