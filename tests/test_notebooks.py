@@ -56,7 +56,7 @@ def test_notebooks_exist():
     names = [path.name for path in NOTEBOOKS]
     assert names == [
         "01_quickstart.ipynb", "02_value_distance.ipynb", "03_lpo_drift.ipynb",
-        "04_resume.ipynb", "06_pbt.ipynb",
+        "04_resume.ipynb", "05_sac_population.ipynb", "06_pbt.ipynb",
     ]
 
 

@@ -114,6 +114,19 @@ def test_sampling_a_full_buffer_reaches_every_slot():
     assert set(np.unique(ids)) == set(range(7, 13))
 
 
+def test_index_batches_for_a_run_of_gradient_steps():
+    """``sample_index_batches`` draws ``[num_batches, batch_size]`` slots of the filled part
+    at once, each row read with ``gather`` as ``sample`` reads one batch."""
+    buffer = add(replay.init(50, Item.example()), Item.batch(np.arange(1, 6)))
+    indices = jax.jit(replay.sample_index_batches, static_argnums=(2, 3))(
+        buffer, jax.random.PRNGKey(2), 400, 8)
+    assert indices.shape == (400, 8) and indices.dtype == jnp.int32
+    assert set(np.unique(np.asarray(indices))) == set(range(5))  # only the filled slots
+    rows = jax.vmap(lambda row: replay.gather(buffer, row))(indices[:3])
+    np.testing.assert_array_equal(np.asarray(rows["i"]), np.asarray(indices[:3]) + 1)
+    np.testing.assert_array_equal(np.asarray(rows["x"])[..., 1], -np.asarray(rows["i"]))
+
+
 def test_one_buffer_per_agent_under_vmap():
     """Three agents, each adding its own transitions and sampling with its own key: the
     vmapped buffers equal the agents' buffers built one by one."""

@@ -70,10 +70,11 @@ def assert_trees_equal(a, b, exact=True):
 
 LEARNING_SEEDS = 8
 # A uniformly random policy's mean return on Pendulum-v1 is about -1246 (tests/test_ppo.py)
-# and on brax/inverted_pendulum (episode_length 100) about 6 (measured here, 64 episodes).
+# and on brax/inverted_pendulum with episodes of at most 100 steps 22.4 (64 episodes,
+# measured with this adapter; the reward is 1 per step until the pole falls).
 BRAX_ENV = "brax/inverted_pendulum"
 BRAX_EPISODE_LENGTH = 100
-BRAX_RANDOM_RETURN = 6.0
+BRAX_RANDOM_RETURN = 22.4
 LEARNING_WORKER = """
 import sys
 import jax
@@ -139,9 +140,12 @@ def test_default_config_learns_pendulum(learned, algorithm):
     assert learned[f"{algorithm}/finite"].all()
     assert np.median(evaluation) > -300.0, evaluation
     assert evaluation.max() > -200.0, evaluation
-    # the first training episodes are the warm-up's random policy's
-    first = learned[f"{algorithm}/episode_return"][:, :10]
-    assert np.all(np.nanmean(first, axis=1) < -900.0)
+    # the first training episodes (200 steps of 4 environments: 25 updates) are the
+    # warm-up's random policy's
+    warmup = TD3Config().warmup_updates
+    assert warmup == SACConfig().warmup_updates == 31
+    first = learned[f"{algorithm}/episode_return"][:, warmup]
+    assert np.all(first < -900.0), first
 
 
 @pytest.mark.slow
@@ -152,7 +156,7 @@ def test_sac_learns_a_brax_environment(learned):
     assert learned["brax/finite"].all()
     evaluation = learned["brax/eval_return"]
     print(f"SAC {BRAX_ENV} deterministic return per seed: {evaluation}")
-    assert np.all(evaluation > 5 * BRAX_RANDOM_RETURN), evaluation
+    assert np.all(evaluation > 2.5 * BRAX_RANDOM_RETURN), evaluation
 
 
 # ---------------------------------------------------------------------------- probes
@@ -403,6 +407,24 @@ def test_evaluate_runs_the_deterministic_policy(tiny):
     assert set(first) == {"eval_return", "eval_length"}
     assert first["eval_length"] == 10  # Pendulum runs to eval_max_steps
     assert -17 * 10 <= first["eval_return"] < 0  # Pendulum's reward lies in [-16.3, 0]
+
+
+@pytest.mark.parametrize("env_id", ["MountainCarContinuous-v0"])
+@pytest.mark.parametrize("algorithm", ["td3", "sac"])
+def test_other_continuous_environments_trace(algorithm, env_id):
+    """The whole update and the evaluation trace (shapes only, nothing compiles) on
+    gymnax's other continuous task (brax trains in the learning run)."""
+    config = CONFIGS[algorithm](env_id=env_id, num_envs=2, train_frequency=2,
+                                gradient_steps=2, total_timesteps=64, buffer_size=32,
+                                batch_size=8, learning_starts=16, eval_episodes=2,
+                                eval_max_steps=4)
+    learner = make_learner(config)
+    state = jax.eval_shape(learner.init, jax.random.PRNGKey(0))
+    _, metrics = jax.eval_shape(lambda s: learner.advance(s, num_updates=2), state)
+    assert metrics["episode_return"].shape == (2,)
+    evaluation = jax.eval_shape(learner.evaluate, state, jax.random.PRNGKey(1))
+    assert evaluation["eval_return"].shape == ()
+    assert state.buffer.storage.action.shape == (32, learner.spec.action_dim)
 
 
 # ---------------------------------------------------------------- sharded (subprocess)
