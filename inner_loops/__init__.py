@@ -25,6 +25,8 @@ from inner_loops.registry import (
     make_learner,
     register_algorithm,
 )
+from inner_loops.sac import SACConfig
+from inner_loops.td3 import TD3Config
 
 __all__ = [
     "DQNConfig",
@@ -36,6 +38,8 @@ __all__ = [
     "Objective",
     "PPOConfig",
     "PPOState",
+    "SACConfig",
+    "TD3Config",
     "advance_population",
     "available_algorithms",
     "available_envs",

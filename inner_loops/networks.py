@@ -4,6 +4,12 @@ The actor outputs the parameters of a categorical distribution (discrete actions
 diagonal Gaussian with a state-independent log standard deviation (continuous actions).
 Distributions are represented by their raw parameters and handled by the small pure
 functions below, so everything stays a plain array under ``vmap``.
+
+The off-policy continuous-control learners (TD3, SAC) use the networks at the end of the
+module: a deterministic tanh actor, a tanh-squashed Gaussian actor with its log-probability
+correction, and a Q-network over an observation and an action. They all work in the *unit*
+action box ``[-1, 1]^A``; :mod:`inner_loops.continuous_control` maps it to the
+environment's bounds.
 """
 
 from __future__ import annotations
@@ -128,3 +134,83 @@ def entropy(discrete: bool, logits_or_mean, log_std) -> jax.Array:
         return -jnp.sum(jnp.exp(log_probs) * log_probs, axis=-1)
     per_dim = 0.5 + 0.5 * jnp.log(2.0 * jnp.pi) + log_std
     return jnp.broadcast_to(jnp.sum(per_dim), logits_or_mean.shape[:-1])
+
+
+# ------------------------------------------------------ continuous control (TD3, SAC)
+
+# Bounds of a squashed Gaussian actor's log standard deviation (the head's output is mapped
+# smoothly into them with a tanh, as CleanRL's SAC does).
+LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
+
+
+def flatten_obs(obs: jax.Array, obs_ndim: int) -> jax.Array:
+    """``obs [..., *obs_shape] -> [..., prod(obs_shape)]`` (the last ``obs_ndim`` axes)."""
+    batch_shape = obs.shape[: obs.ndim - obs_ndim]
+    return obs.reshape(*batch_shape, -1)
+
+
+class DeterministicActor(nn.Module):
+    """TD3's policy: ``obs [..., *obs_shape] -> tanh(MLP(obs)) [..., A]`` in ``[-1, 1]``.
+
+    The head starts small (orthogonal, scale 0.01), so the first actions are near the middle
+    of the action box."""
+
+    action_dim: int
+    obs_ndim: int
+    hidden_sizes: Sequence[int] = (256, 256)
+    activation: str = "relu"
+
+    @nn.compact
+    def __call__(self, obs: jax.Array) -> jax.Array:
+        mlp = MLP(self.hidden_sizes, self.action_dim, 0.01, self.activation)
+        return jnp.tanh(mlp(flatten_obs(obs, self.obs_ndim)))
+
+
+class SquashedGaussianActor(nn.Module):
+    """SAC's policy: ``obs -> (mean [..., A], log_std [..., A])`` of a Gaussian over the
+    pre-squash action ``u``; the action is ``tanh(u)`` (see :func:`squashed_gaussian`).
+    ``log_std`` depends on the observation and lies in ``[LOG_STD_MIN, LOG_STD_MAX]``."""
+
+    action_dim: int
+    obs_ndim: int
+    hidden_sizes: Sequence[int] = (256, 256)
+    activation: str = "relu"
+
+    @nn.compact
+    def __call__(self, obs: jax.Array) -> tuple[jax.Array, jax.Array]:
+        out = MLP(self.hidden_sizes, 2 * self.action_dim, 0.01, self.activation)(
+            flatten_obs(obs, self.obs_ndim))
+        mean, raw_log_std = jnp.split(out, 2, axis=-1)
+        log_std = LOG_STD_MIN + 0.5 * (LOG_STD_MAX - LOG_STD_MIN) * (jnp.tanh(raw_log_std) + 1)
+        return mean, log_std
+
+
+class QNetwork(nn.Module):
+    """A critic ``(obs [..., *obs_shape], action [..., A]) -> Q [...]``: an MLP over the
+    flattened observation concatenated with the (unit-box) action."""
+
+    obs_ndim: int
+    hidden_sizes: Sequence[int] = (256, 256)
+    activation: str = "relu"
+
+    @nn.compact
+    def __call__(self, obs: jax.Array, action: jax.Array) -> jax.Array:
+        x = jnp.concatenate([flatten_obs(obs, self.obs_ndim), action], axis=-1)
+        return MLP(self.hidden_sizes, 1, 1.0, self.activation)(x)[..., 0]
+
+
+def squashed_gaussian(mean: jax.Array, log_std: jax.Array, noise: jax.Array,
+                      ) -> tuple[jax.Array, jax.Array]:
+    """A reparameterised sample of a tanh-squashed diagonal Gaussian and its log-density.
+
+    ``u = mean + exp(log_std) * noise`` (``noise`` standard normal), ``a = tanh(u)``, and
+    ``log p(a) = log N(u; mean, std) - sum_i log(1 - tanh(u_i)^2)`` (the change of variables
+    through tanh), with ``log(1 - tanh(u)^2) = 2 (log 2 - u - softplus(-2u))`` computed
+    stably for large ``|u|``. Shapes: ``[..., A] -> (action [..., A] in (-1, 1), log_prob
+    [...])``. Gradients flow to ``mean`` and ``log_std`` (the reparameterisation trick).
+    """
+    u = mean + jnp.exp(log_std) * noise
+    gaussian = jnp.sum(-0.5 * jnp.square(noise) - log_std - 0.5 * jnp.log(2.0 * jnp.pi),
+                       axis=-1)
+    correction = jnp.sum(2.0 * (jnp.log(2.0) - u - jax.nn.softplus(-2.0 * u)), axis=-1)
+    return jnp.tanh(u), gaussian - correction

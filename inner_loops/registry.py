@@ -23,6 +23,8 @@ DEFAULT_ALGORITHM = "ppo"
 BUILTIN_MODULES = {
     "ppo": "inner_loops.ppo",
     "dqn": "inner_loops.dqn",
+    "td3": "inner_loops.td3",
+    "sac": "inner_loops.sac",
 }
 
 BuildFn = Callable[[Any, "Objective | None"], Learner]

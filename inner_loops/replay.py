@@ -82,6 +82,20 @@ def sample_indices(buffer: ReplayBuffer, key: jax.Array, batch_size: int) -> jax
                               dtype=jnp.int32)
 
 
+def sample_index_batches(buffer: ReplayBuffer, key: jax.Array, num_batches: int,
+                         batch_size: int) -> jax.Array:
+    """``[num_batches, batch_size]`` int32 slots for a run of gradient steps, drawn in one
+    batch (as :func:`sample_indices` draws one row); read each row with :func:`gather`.
+    Drawing them up front keeps the random draws out of the gradient-step loop."""
+    return jax.random.randint(key, (num_batches, batch_size), 0, jnp.maximum(buffer.size, 1),
+                              dtype=jnp.int32)
+
+
+def gather(buffer: ReplayBuffer, indices: jax.Array) -> Any:
+    """The transitions at slots ``indices [n]`` (every leaf ``[n, ...]``)."""
+    return jax.tree.map(lambda store: store[indices], buffer.storage)
+
+
 def sample(buffer: ReplayBuffer, key: jax.Array, batch_size: int) -> Any:
     """A batch of ``batch_size`` transitions (every leaf ``[batch_size, ...]``) drawn
     uniformly with replacement from the filled part of ``buffer``."""
