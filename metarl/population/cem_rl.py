@@ -211,6 +211,50 @@ class CEMRL:
         """The actor at the distribution's mean (the run's result)."""
         return self.unravel(state.cem.mean)
 
+    def train_rl_actors(self, state: CEMRLState, actors: Any, hypers: Any, key: jax.Array
+                        ) -> tuple[CriticState, Any, StepDiagnostics, jax.Array]:
+        """Step 2 of a generation: the first ``K`` of ``actors`` (leaves ``[P, ...]``) take
+        ``gradient_steps`` TD3 steps against the shared critic, which trains with them, on
+        ``state.buffer`` -- once it holds ``inner.learning_starts`` transitions. Returns
+        ``(critic, actors, diagnostics, learning)``; the other actors are unchanged."""
+        config, parts, count = self.config, self.parts, self.config.num_rl_actors
+        if count == 0:
+            return state.critic, actors, StepDiagnostics.zeros(), jnp.zeros((), jnp.bool_)
+        progress = state.cem.generation / config.generations
+
+        def learn(critic, actors):
+            group = parts.start_group(jax.tree.map(lambda a: a[:count], actors))
+            critic, group, diagnostics = parts.gradient_steps(
+                critic, group, state.buffer, hypers, key, self.gradient_steps, progress)
+            actors = jax.tree.map(lambda a, g: a.at[:count].set(g), actors, group.params)
+            return critic, actors, diagnostics
+
+        def skip(critic, actors):
+            return critic, actors, StepDiagnostics.zeros()
+
+        learning = state.buffer.size >= config.inner.learning_starts
+        critic, actors, diagnostics = jax.lax.cond(learning, learn, skip, state.critic, actors)
+        return critic, actors, diagnostics, learning
+
+    def evaluate_members(self, actors: Any, buffer: replay.ReplayBuffer, key: jax.Array
+                         ) -> tuple[replay.ReplayBuffer, jax.Array]:
+        """Step 3 of a generation: every actor (leaves ``[P, ...]``) runs
+        ``episodes_per_member`` episodes from fresh starts, their transitions stored in
+        ``buffer``. Returns ``(buffer, fitness [P])``: the mean return of each actor's
+        episodes (the return so far of one the step limit cut), NaN for an actor that chose
+        a non-finite action."""
+        parts = self.parts
+        reset_key, collect_key = jax.random.split(key)
+        envs = parts.reset(reset_key)
+        envs, buffer, totals = parts.collect(actors, envs, buffer, collect_key,
+                                             parts.eval_max_steps,
+                                             jnp.float32(self.config.collect_noise))
+        episode_return = jnp.where(totals.count > 0, totals.first_return,
+                                   envs.episodes.running_return)
+        valid = parts.per_member(totals.valid).all(axis=1)
+        fitness = jnp.where(valid, parts.per_member(episode_return).mean(axis=1), jnp.nan)
+        return buffer, fitness
+
     def generation(self, state: CEMRLState, hypers: Any = None
                    ) -> tuple[CEMRLState, dict[str, jax.Array]]:
         """One generation (see the module docstring).
@@ -220,50 +264,21 @@ class CEMRL:
         actor's), ``env_steps []`` (after this generation), and the gradient steps'
         :class:`~metarl.population.shared_critic.StepDiagnostics` (zeros when none).
         """
-        config, parts = self.config, self.parts
+        config = self.config
         hypers = self.hyperparams() if hypers is None else hypers
-        size, count = config.population_size, config.num_rl_actors
-        key, ask_key, rl_key, reset_key, collect_key, eval_key = jax.random.split(state.key, 6)
-        members = cem.ask(ask_key, state.cem, config.cem)
-        actors = jax.vmap(self.unravel)(members)
-        critic = state.critic
-        diagnostics = StepDiagnostics.zeros()
-        learning = jnp.zeros((), jnp.bool_)
-        if count > 0:
-            progress = state.cem.generation / config.generations
-
-            def learn(critic, actors):
-                group = parts.start_group(jax.tree.map(lambda a: a[:count], actors))
-                critic, group, diagnostics = parts.gradient_steps(
-                    critic, group, state.buffer, hypers, rl_key, self.gradient_steps, progress)
-                actors = jax.tree.map(lambda a, g: a.at[:count].set(g), actors, group.params)
-                return critic, actors, diagnostics
-
-            def skip(critic, actors):
-                return critic, actors, StepDiagnostics.zeros()
-
-            learning = state.buffer.size >= config.inner.learning_starts
-            critic, actors, diagnostics = jax.lax.cond(learning, learn, skip, critic, actors)
-            members = jax.vmap(parts.flatten)(actors)
-
-        envs = parts.reset(reset_key)
-        envs, buffer, totals = parts.collect(
-            actors, envs, state.buffer, collect_key,
-            parts.eval_max_steps,
-            jnp.float32(config.collect_noise))
-        # an episode the step limit cut counts with its return so far
-        episode_return = jnp.where(totals.count > 0, totals.first_return,
-                                   envs.episodes.running_return)
-        valid = parts.per_member(totals.valid).all(axis=1)
-        fitness = jnp.where(valid, parts.per_member(episode_return).mean(axis=1), jnp.nan)
-        told = cem.tell(members, fitness, state.cem, config.cem)
-        mean_return = parts.evaluate(self.unravel(told.mean), eval_key,
-                                     config.inner.eval_episodes)
+        key, ask_key, rl_key, fitness_key, eval_key = jax.random.split(state.key, 5)
+        actors = jax.vmap(self.unravel)(cem.ask(ask_key, state.cem, config.cem))
+        critic, actors, diagnostics, learning = self.train_rl_actors(state, actors, hypers,
+                                                                      rl_key)
+        buffer, fitness = self.evaluate_members(actors, state.buffer, fitness_key)
+        told = cem.tell(jax.vmap(self.parts.flatten)(actors), fitness, state.cem, config.cem)
+        mean_return = self.parts.evaluate(self.unravel(told.mean), eval_key,
+                                          config.inner.eval_episodes)
         env_steps = state.env_steps + self.steps_per_generation
         state = CEMRLState(cem=told, critic=critic, buffer=buffer, key=key, env_steps=env_steps)
         metrics = {
             "fitness": fitness,
-            "rl_actor": jnp.arange(size) < count,
+            "rl_actor": jnp.arange(config.population_size) < config.num_rl_actors,
             "learning": learning,
             "mean_return": mean_return,
             "env_steps": env_steps,
