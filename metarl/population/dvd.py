@@ -162,11 +162,14 @@ class BanditState:
     """Thompson sampling over candidate weights with Beta-Bernoulli arms.
 
     Attributes:
+        weights: ``[K]`` the arms' candidate weights (data, not constants of the compiled
+            program, so runs that differ only in them share one compilation).
         alpha, beta: ``[K]`` Beta parameters (1 + successes, 1 + failures) of each arm.
         arm: ``[]`` int32 the arm being played.
         previous: ``[]`` the score the next one is compared with (NaN before the first).
     """
 
+    weights: jax.Array
     alpha: jax.Array
     beta: jax.Array
     arm: jax.Array
@@ -178,10 +181,12 @@ def bandit_select(key: jax.Array, alpha: jax.Array, beta: jax.Array) -> jax.Arra
     return jnp.argmax(jax.random.beta(key, alpha, beta)).astype(jnp.int32)
 
 
-def bandit_init(key: jax.Array, num_arms: int) -> BanditState:
-    """Uniform Beta(1, 1) priors and a first arm drawn from them."""
-    ones = jnp.ones(num_arms, jnp.float32)
-    return BanditState(ones, ones, bandit_select(key, ones, ones),
+def bandit_init(key: jax.Array, weights: Any) -> BanditState:
+    """Arms for the candidate ``weights [K]``: uniform Beta(1, 1) priors and a first arm
+    drawn from them."""
+    weights = jnp.asarray(weights, jnp.float32)
+    ones = jnp.ones(weights.shape, jnp.float32)
+    return BanditState(weights, ones, ones, bandit_select(key, ones, ones),
                        jnp.full((), jnp.nan, jnp.float32))
 
 
@@ -196,7 +201,8 @@ def bandit_step(key: jax.Array, bandit: BanditState, score: jax.Array) -> tuple[
     alpha = bandit.alpha + jnp.where(known, success, 0.0) * played
     beta = bandit.beta + jnp.where(known, 1.0 - success, 0.0) * played
     previous = jnp.where(jnp.isfinite(score), score, bandit.previous)
-    bandit = BanditState(alpha, beta, bandit_select(key, alpha, beta), previous)
+    bandit = BanditState(bandit.weights, alpha, beta, bandit_select(key, alpha, beta),
+                         previous)
     return bandit, jnp.where(known, success, jnp.nan)
 
 
@@ -257,7 +263,7 @@ class DvD:
                                off_policy.example_transition(self.parts.spec)),
             envs=self.parts.reset(env_key),
             last_return=jnp.full(self.config.population_size, jnp.nan, jnp.float32),
-            bandit=bandit_init(bandit_key, len(self.config.bandit_weights)),
+            bandit=bandit_init(bandit_key, self.config.bandit_weights),
             key=key,
             update_count=jnp.zeros((), jnp.int32),
         )
@@ -266,7 +272,7 @@ class DvD:
         """``[]`` the diversity weight of the next update."""
         config = self.config
         if config.weight_schedule == "bandit":
-            return jnp.asarray(config.bandit_weights, jnp.float32)[state.bandit.arm]
+            return state.bandit.weights[state.bandit.arm]
         if config.weight_schedule == "constant":
             return jnp.float32(config.weight)
         progress = state.update_count / config.inner.num_updates
@@ -328,7 +334,8 @@ class DvD:
         ``[K]`` after the reward, ``diversity`` (log-det of the actors' actions on
         ``embedding_states`` states from the buffer, at the segment's end),
         ``train_diversity`` (mean over the segment's actor steps), the summed
-        ``skipped_actor_steps`` / ``skipped_critic_steps`` / ``nonfinite_actions``,
+        ``skipped_actor_steps`` / ``skipped_critic_steps`` / ``nonfinite_actions`` (per
+        update, the environments whose actor chose a non-finite action),
         ``finite`` (every parameter is finite) and ``env_steps``.
         """
         config = self.config
