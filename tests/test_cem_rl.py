@@ -103,16 +103,19 @@ def test_one_record_per_generation_with_fitness_per_member(tiny_run):
     assert [record["env_steps"] for record in history] == [steps, 2 * steps, 3 * steps]
     for record in history:
         assert len(record["fitness"]) == TINY.population_size
-        assert record["rl_actor"] == [True, True, False, False]
         assert np.all(np.isfinite(record["fitness"]))
         fitness = np.array(record["fitness"])
         assert record["best_fitness"] == pytest.approx(fitness.max())
         assert record["elite_fitness"] == pytest.approx(np.sort(fitness)[-2:].mean())
-        assert record["rl_fitness"] == pytest.approx(fitness[:2].mean())
-        assert record["cem_fitness"] == pytest.approx(fitness[2:].mean())
         assert np.isfinite(record["mean_return"])
     # 80 transitions per generation: no gradient step until 100 are stored
     assert [record["learning"] for record in history] == [False, False, True]
+    assert [record["rl_actor"] for record in history] == [[False] * 4, [False] * 4,
+                                                         [True, True, False, False]]
+    assert np.isnan(history[0]["rl_fitness"])
+    fitness = np.array(history[2]["fitness"])
+    assert history[2]["rl_fitness"] == pytest.approx(fitness[:2].mean())
+    assert history[2]["cem_fitness"] == pytest.approx(fitness[2:].mean())
     assert history[0]["critic_loss"] == 0.0 and history[2]["critic_loss"] > 0.0
     assert history[2]["skipped_critic_steps"] == history[2]["skipped_actor_steps"] == 0
     state = tiny_run.state

@@ -259,7 +259,8 @@ class CEMRL:
                    ) -> tuple[CEMRLState, dict[str, jax.Array]]:
         """One generation (see the module docstring).
 
-        Metrics: ``fitness [P]``, ``rl_actor [P]`` (bool: took gradient steps),
+        Metrics: ``fitness [P]``, ``rl_actor [P]`` (bool: took gradient steps; none
+        before the buffer holds ``learning_starts`` transitions),
         ``learning []`` (gradient steps were taken), ``mean_return []`` (the new mean
         actor's), ``env_steps []`` (after this generation), and the gradient steps'
         :class:`~metarl.population.shared_critic.StepDiagnostics` (zeros when none).
@@ -278,7 +279,7 @@ class CEMRL:
         state = CEMRLState(cem=told, critic=critic, buffer=buffer, key=key, env_steps=env_steps)
         metrics = {
             "fitness": fitness,
-            "rl_actor": jnp.arange(config.population_size) < config.num_rl_actors,
+            "rl_actor": (jnp.arange(config.population_size) < config.num_rl_actors) & learning,
             "learning": learning,
             "mean_return": mean_return,
             "env_steps": env_steps,
