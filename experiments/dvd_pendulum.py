@@ -16,7 +16,7 @@ return over 20 evaluation episodes (the population's best and mean member). Ever
 comes with its mean over seeds and a 95% bootstrap interval; the difference to ``none`` is
 paired by seed.
 
-    python experiments/dvd_pendulum.py                       # 8 seeds, 1e4 steps/member
+    python experiments/dvd_pendulum.py                       # 4 seeds, 8000 steps/member
     python experiments/dvd_pendulum.py --seeds 2 --steps 3200 --out /tmp/dvd.json   # quick
 
 Prints one JSON document and writes it to ``--out`` (default
@@ -113,11 +113,11 @@ def run_arm(config: DvDConfig, seeds: list[int], states: jax.Array) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seeds", type=int, default=8)
-    parser.add_argument("--steps", type=int, default=10_240,
+    parser.add_argument("--seeds", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=8_000,
                         help="environment steps per member (a multiple of 32 x segment)")
     parser.add_argument("--population", type=int, default=5)
-    parser.add_argument("--segment-updates", type=int, default=20)
+    parser.add_argument("--segment-updates", type=int, default=25)
     parser.add_argument("--weight", type=float, default=0.5)
     parser.add_argument("--arms", default="none,bandit,constant")
     parser.add_argument("--out", default="docs/results/dvd_pendulum.json")
