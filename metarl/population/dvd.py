@@ -333,7 +333,8 @@ class DvD:
         ``arm`` and ``reward`` (the bandit's; NaN when not rewarded), ``alpha`` / ``beta``
         ``[K]`` after the reward, ``diversity`` (log-det of the actors' actions on
         ``embedding_states`` states from the buffer, at the segment's end),
-        ``train_diversity`` (mean over the segment's actor steps), the summed
+        ``train_diversity`` (mean over the segment's actor steps; NaN when the segment
+        took none), the summed
         ``skipped_actor_steps`` / ``skipped_critic_steps`` / ``nonfinite_actions`` (per
         update, the environments whose actor chose a non-finite action),
         ``finite`` (every parameter is finite) and ``env_steps``.
@@ -367,7 +368,8 @@ class DvD:
             "alpha": bandit.alpha,
             "beta": bandit.beta,
             "diversity": self.diversity(state.actors.params, obs),
-            "train_diversity": jnp.sum(metrics["diversity"]) / learned,
+            "train_diversity": jnp.where(jnp.any(metrics["learning"]),
+                                         jnp.sum(metrics["diversity"]) / learned, jnp.nan),
             "critic_loss": jnp.sum(metrics["critic_loss"]) / learned,
             "actor_loss": jnp.sum(metrics["actor_loss"]) / learned,
             "skipped_actor_steps": jnp.sum(metrics["skipped_actor_steps"]),
