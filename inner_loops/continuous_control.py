@@ -52,7 +52,7 @@ TD_LOSSES = ("l2", "huber")
 
 
 @dataclass(frozen=True)
-class ContinuousControlConfig:
+class ContinuousControlConfig(off_policy.UpdateSchedule):
     """Settings TD3 and SAC share (each algorithm's config adds its own and sets its
     defaults; see :class:`~inner_loops.td3.TD3Config` and
     :class:`~inner_loops.sac.SACConfig`).
@@ -153,26 +153,6 @@ class ContinuousControlConfig:
         for name in ("actor_learning_rate", "critic_learning_rate"):
             check_positive(name, getattr(self, name))
         object.__setattr__(self, "env_params", env_param_pairs(self.env_params))
-
-    @property
-    def steps_per_update(self) -> int:
-        """Environment steps one agent takes per update."""
-        return self.num_envs * self.train_frequency
-
-    @property
-    def num_updates(self) -> int:
-        return self.total_timesteps // self.steps_per_update
-
-    @property
-    def steps_per_agent(self) -> int:
-        """Environment steps one agent actually takes (whole updates only)."""
-        return self.num_updates * self.steps_per_update
-
-    @property
-    def warmup_updates(self) -> int:
-        """Updates that only collect: the first update with gradient steps is the first
-        after which the buffer holds ``learning_starts`` transitions."""
-        return -(-self.learning_starts // self.steps_per_update) - 1
 
     def hyperparams(self) -> Any:
         """The numeric hyperparameters of this config as traced-ready float32 scalars (the

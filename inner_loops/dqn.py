@@ -51,7 +51,7 @@ TD_LOSSES = ("l2", "huber")
 
 
 @dataclass(frozen=True)
-class DQNConfig:
+class DQNConfig(off_policy.UpdateSchedule):
     """Settings of one DQN agent. The defaults are for CartPole-v1 within 1e5 environment
     steps: one update collects 256 steps (8 environments x 32) and then takes 128 gradient
     steps on batches of 64 against a target network copied once per update (hard update),
@@ -160,26 +160,6 @@ class DQNConfig:
         for name in ("learning_rate", "max_grad_norm"):
             check_positive(name, getattr(self, name))
         object.__setattr__(self, "env_params", env_param_pairs(self.env_params))
-
-    @property
-    def steps_per_update(self) -> int:
-        """Environment steps one agent takes per update."""
-        return self.num_envs * self.train_frequency
-
-    @property
-    def num_updates(self) -> int:
-        return self.total_timesteps // self.steps_per_update
-
-    @property
-    def steps_per_agent(self) -> int:
-        """Environment steps one agent actually takes (whole updates only)."""
-        return self.num_updates * self.steps_per_update
-
-    @property
-    def warmup_updates(self) -> int:
-        """Updates that only collect: the first update with gradient steps is the first
-        after which the buffer holds ``learning_starts`` transitions."""
-        return -(-self.learning_starts // self.steps_per_update) - 1
 
     def hyperparams(self) -> Hyperparams:
         """The numeric hyperparameters of this config as traced-ready float32 scalars."""

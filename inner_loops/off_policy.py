@@ -31,6 +31,32 @@ from inner_loops.envs import Env, EnvSpec, VecEnv, VecEnvState
 ActFn = Callable[[jax.Array, Any], jax.Array]
 
 
+class UpdateSchedule:
+    """How an off-policy config's budget divides into updates, shared by every off-policy
+    config class (which defines ``num_envs``, ``train_frequency``, ``total_timesteps`` and
+    ``learning_starts``)."""
+
+    @property
+    def steps_per_update(self) -> int:
+        """Environment steps one agent takes per update."""
+        return self.num_envs * self.train_frequency
+
+    @property
+    def num_updates(self) -> int:
+        return self.total_timesteps // self.steps_per_update
+
+    @property
+    def steps_per_agent(self) -> int:
+        """Environment steps one agent actually takes (whole updates only)."""
+        return self.num_updates * self.steps_per_update
+
+    @property
+    def warmup_updates(self) -> int:
+        """Updates that only collect: the first update with gradient steps is the first
+        after which the buffer holds ``learning_starts`` transitions."""
+        return -(-self.learning_starts // self.steps_per_update) - 1
+
+
 class Transition(NamedTuple):
     """One environment step as stored for replay (each field gains ``[n]`` / ``[capacity]``
     leading axes in batches and buffers).
