@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import sys
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -56,7 +55,7 @@ from metarl.runs.layout import (
     write_status,
 )
 from metarl.runs.lock import hold_run_lock
-from metarl.runs.resume import find_resume_point, had_checkpoints
+from metarl.runs.resume import check_fresh, find_resume_point, notify
 from metarl.sharding import num_shards
 from metarl.trackers import RunTrackers, check_trackers
 
@@ -90,12 +89,6 @@ class RunResult:
     @property
     def mean_meta_params(self):
         return jax.device_get(self.evolution.mean_meta_params(self.state))
-
-
-def notify(message: str) -> None:
-    """Tell the user what a run is doing about its directory (process 0, stderr)."""
-    if distributed.is_primary():
-        print(f"metarl: {message}", file=sys.stderr, flush=True)
 
 
 def save_meta_params(path: str | Path, meta_params) -> None:
@@ -263,34 +256,6 @@ def _initial_state(evolution: Evolution) -> EvolutionState:
     return evolution.init(baselines=baselines)
 
 
-def _check_fresh(run_dir: Path, config: ExperimentConfig) -> None:
-    """Refuse a directory that holds a run, unless that run never reached a checkpoint and
-    has this very config (then it starts again from the beginning: nothing is lost)."""
-    if not (run_dir / CONFIG_FILE).exists():
-        return
-    if had_checkpoints(run_dir):
-        raise RunError(
-            f"{run_dir} already holds a run; continue it with `metarl resume {run_dir}` "
-            "or choose another directory"
-        )
-    try:
-        saved = upgrade_saved_config(read_config_data(run_dir / CONFIG_FILE))
-        changes = config_history.check_config_change(
-            saved, config.to_dict(), budget_fields=BUDGET_FIELDS, accept=True,
-            where=str(run_dir), normalize=normalized_config)
-    except (ConfigError, RunError, ValueError):
-        changes = [("config.json", "unreadable", "")]
-    if changes:
-        raise RunError(
-            f"{run_dir} holds a run of another config that never reached its first "
-            f"checkpoint (it differs in {', '.join(c[0] for c in changes)}). "
-            f"`metarl resume {run_dir}` runs that config from the beginning; or choose "
-            "another directory"
-        )
-    notify(f"{run_dir} holds a run of this config that never reached its first checkpoint "
-           "(nothing was lost); starting it from the beginning")
-
-
 def evolve(config: ExperimentConfig, run_dir: str | Path | None = None) -> RunResult:
     """Start a new run of ``config`` in ``run_dir`` (a fresh directory by default).
 
@@ -308,7 +273,8 @@ def evolve(config: ExperimentConfig, run_dir: str | Path | None = None) -> RunRe
             raise RunError(f"cannot create {run_dir}: {error.strerror or error}") from error
     distributed.barrier("metarl-evolve-mkdir")
     with hold_run_lock(run_dir, f"metarl evolve --run-dir {run_dir}"):
-        _check_fresh(run_dir, config)
+        check_fresh(run_dir, config.to_dict(), normalize=normalized_config,
+                    budget_fields=BUDGET_FIELDS)
         distributed.barrier("metarl-evolve-checked")  # all have looked before 0 writes
         if distributed.is_primary():
             remove_stale_temporaries(run_dir)

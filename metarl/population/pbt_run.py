@@ -83,7 +83,7 @@ from metarl.runs.layout import (
     write_status,
 )
 from metarl.runs.lock import hold_run_lock
-from metarl.runs.resume import find_resume_point, had_checkpoints
+from metarl.runs.resume import check_fresh, find_resume_point, notify
 
 KIND = "pbt"
 STEP_KEY = "segment"
@@ -388,11 +388,6 @@ def _checkpointer(run_dir: Path, config: PBTExperimentConfig) -> RunCheckpointer
                            score=_score)
 
 
-def _notify(message: str) -> None:
-    if distributed.is_primary():
-        print(f"metarl: {message}", file=sys.stderr, flush=True)
-
-
 def _run_segments(program: PBTProgram, state: dict[str, Any], run_dir: Path,
                   history: list[dict], events: list[dict]) -> PBTRunResult:
     from tqdm.auto import tqdm
@@ -477,31 +472,6 @@ def new_run_dir(config: PBTExperimentConfig) -> Path:
     return candidate
 
 
-def _check_fresh(run_dir: Path, config: PBTExperimentConfig) -> None:
-    """Refuse a directory that holds a run, unless that run never reached a checkpoint and
-    has this very config (then it starts again from the beginning: nothing is lost)."""
-    if not (run_dir / CONFIG_FILE).exists():
-        return
-    if had_checkpoints(run_dir):
-        raise RunError(f"{run_dir} already holds a run; continue it with `metarl resume "
-                       f"{run_dir}` or choose another directory")
-    try:
-        saved = upgrade_saved_config(read_config_data(run_dir / CONFIG_FILE))
-        changes = config_history.check_config_change(
-            saved, config.to_dict(), budget_fields=BUDGET_FIELDS, accept=True,
-            where=str(run_dir), normalize=normalized_config)
-    except (ConfigError, RunError, ValueError):
-        changes = [("config.json", "unreadable", "")]
-    if changes:
-        raise RunError(
-            f"{run_dir} holds a run of another config that never reached its first "
-            f"checkpoint (it differs in {', '.join(c[0] for c in changes)}). "
-            f"`metarl resume {run_dir}` runs that config from the beginning; or choose "
-            "another directory")
-    _notify(f"{run_dir} holds a run of this config that never reached its first checkpoint "
-            "(nothing was lost); starting it from the beginning")
-
-
 def run_pbt(config: PBTExperimentConfig, run_dir: str | Path | None = None,
             mesh=None) -> PBTRunResult:
     """Start a new pbt run of ``config`` in ``run_dir`` (a fresh directory by default).
@@ -519,7 +489,8 @@ def run_pbt(config: PBTExperimentConfig, run_dir: str | Path | None = None,
             raise RunError(f"cannot create {run_dir}: {error.strerror or error}") from error
     distributed.barrier("metarl-pbt-mkdir")
     with hold_run_lock(run_dir, f"metarl run --run-dir {run_dir}"):
-        _check_fresh(run_dir, config)
+        check_fresh(run_dir, config.to_dict(), normalize=normalized_config,
+                    budget_fields=BUDGET_FIELDS)
         distributed.barrier("metarl-pbt-checked")
         if distributed.is_primary():
             remove_stale_temporaries(run_dir)
@@ -567,7 +538,7 @@ def resume_pbt(run_dir: str | Path, accept_config_change: bool = False,
         program = PBTProgram(config, mesh)
         found = _find_checkpoint(run_dir, program, accept=accept_config_change, writer=True)
         if found is None:
-            _notify(f"{run_dir} has no complete checkpoint (the run stopped before its first "
+            notify(f"{run_dir} has no complete checkpoint (the run stopped before its first "
                     "one, so nothing was lost): starting it from the beginning")
             state, history, events = program.init(), [], []
         else:
@@ -576,10 +547,10 @@ def resume_pbt(run_dir: str | Path, accept_config_change: bool = False,
             events = [event for event in found.meta.get("events", [])
                       if event.get("after_step", 0) <= step]
             if found.skipped:
-                _notify(f"resuming {run_dir} from checkpoint {step}, the newest one that "
+                notify(f"resuming {run_dir} from checkpoint {step}, the newest one that "
                         "reads back")
             if step >= program.segments:
-                _notify(f"{run_dir} has finished its {program.segments} segments; nothing "
+                notify(f"{run_dir} has finished its {program.segments} segments; nothing "
                         "to continue (a pbt run's budget, inner.total_timesteps, shapes its "
                         "members' schedules: start a new run to train longer)")
         if distributed.is_primary():
@@ -590,7 +561,7 @@ def resume_pbt(run_dir: str | Path, accept_config_change: bool = False,
                                "time": now(), "changes": changes})
                 config_history.record(run_dir, "config_change", after_step=found.step,
                                       changes=changes, config=config.to_dict())
-                _notify("continuing with a changed config (accepted, recorded): "
+                notify("continuing with a changed config (accepted, recorded): "
                         f"{config_history.format_changes(found.changes)}")
             write_metrics(run_dir, history, events, step_key=STEP_KEY)
             write_status(run_dir, "running", resumed=now(), kind=KIND,

@@ -32,7 +32,7 @@ from metarl.runs.checkpoint import (
     move_aside,
 )
 from metarl.runs.config_history import check_config_change, config_changes
-from metarl.runs.layout import DAMAGED_DIR, CheckpointError
+from metarl.runs.layout import CONFIG_FILE, DAMAGED_DIR, CheckpointError, RunError, read_json
 
 
 @dataclass
@@ -162,3 +162,43 @@ def find_resume_point(
             f"new run in another directory from its config, {run_dir / 'config.json'}"
         )
     return found
+
+
+def notify(message: str) -> None:
+    """Tell the user what a run is doing about its directory (process 0, on stderr)."""
+    import sys
+
+    from metarl import distributed
+
+    if distributed.is_primary():
+        print(f"metarl: {message}", file=sys.stderr, flush=True)
+
+
+def check_fresh(run_dir: Path, config: dict[str, Any], *,
+                normalize: Callable[[dict[str, Any]], dict[str, Any]],
+                budget_fields: Iterable[str]) -> None:
+    """Refuse to start a run of ``config`` (plain data) in a directory that holds a run,
+    unless that run never reached a checkpoint and has this very config (then it starts
+    again from the beginning: nothing is lost). ``normalize`` brings a saved config to
+    today's form; ``budget_fields`` may differ."""
+    if not (run_dir / CONFIG_FILE).exists():
+        return
+    if had_checkpoints(run_dir):
+        raise RunError(f"{run_dir} already holds a run; continue it with `metarl resume "
+                       f"{run_dir}` or choose another directory")
+    try:
+        saved = read_json(run_dir / CONFIG_FILE)
+        if not isinstance(saved, dict):
+            raise ValueError("config.json is not a table")
+        changes = check_config_change(saved, config, budget_fields=budget_fields, accept=True,
+                                      where=str(run_dir), normalize=normalize)
+    except (RunError, ValueError):
+        changes = [("config.json", "unreadable", "")]
+    if changes:
+        raise RunError(
+            f"{run_dir} holds a run of another config that never reached its first "
+            f"checkpoint (it differs in {', '.join(c[0] for c in changes)}). "
+            f"`metarl resume {run_dir}` runs that config from the beginning; or choose "
+            "another directory")
+    notify(f"{run_dir} holds a run of this config that never reached its first checkpoint "
+           "(nothing was lost); starting it from the beginning")
