@@ -20,9 +20,13 @@ EXPERIMENTS = sorted((Path(__file__).parents[1] / "experiments").glob("*.toml"))
 
 @pytest.mark.parametrize("path", EXPERIMENTS, ids=lambda p: p.stem)
 def test_shipped_experiments_load_and_round_trip(path):
-    config = load_config(path)
+    """Every experiment file loads as its kind (evolution by default, ``kind = "pbt"``...)
+    and survives the round trip through the plain data a run saves."""
+    from metarl.kinds import experiment_from_dict, load_experiment
+
+    config = load_experiment(path)
     assert config.name == path.stem or config.name
-    assert config_from_dict(config.to_dict()) == config
+    assert experiment_from_dict(config.to_dict()) == config
 
 
 def test_the_expected_experiments_ship():
