@@ -77,20 +77,25 @@ def start(config, run_dir: str | Path | None = None):
 
 
 def resume(run_dir: str | Path, generations: int | None = None,
-           accept_config_change: bool = False):
-    """Continue the run in ``run_dir``, whatever its kind."""
+           accept_config_change: bool = False, trackers: tuple[str, ...] | None = None):
+    """Continue the run in ``run_dir``, whatever its kind; ``trackers`` (``--track``)
+    replaces ``run.trackers`` of an evolution run from here on."""
     if run_kind(run_dir) == PBT:
         if generations is not None:
             raise ConfigError(
                 "--generations: a pbt run's budget is inner.total_timesteps, which also "
                 "shapes its members' schedules (learning-rate annealing, exploration), so it "
                 "cannot be extended; start a new run to train longer")
-        from metarl.population.pbt_run import resume_pbt
+        from metarl.population.pbt_run import read_pbt_config, resume_pbt
 
+        if trackers is not None and tuple(trackers) != read_pbt_config(run_dir).run.trackers:
+            raise ConfigError(
+                "--track: a pbt run keeps the trackers it was started with (run.trackers); "
+                "start it with the trackers it should use")
         return resume_pbt(run_dir, accept_config_change)
     from metarl.run import resume as resume_evolve
 
-    return resume_evolve(run_dir, generations, accept_config_change)
+    return resume_evolve(run_dir, generations, accept_config_change, trackers)
 
 
 def plot(run_dir: str | Path) -> list[Path]:
