@@ -1,4 +1,4 @@
-"""Run directories that survive what people and machines do to them (issue 12), with real
+"""Run directories that survive what people and machines do to them, with real
 processes and real files: a run killed before its first checkpoint, damaged and missing
 checkpoint files, two writers at once, non-finite settings and runs whose candidates are all
 invalid, config changes refused and accepted, atomic writes and a full disk (a real
