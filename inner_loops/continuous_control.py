@@ -130,24 +130,7 @@ class ContinuousControlConfig(off_policy.UpdateSchedule):
             check_positive_int("eval_max_steps", self.eval_max_steps)
         check_choice("td_loss", self.td_loss, TD_LOSSES)
         check_choice("activation", self.activation, networks.ACTIVATIONS)
-        if self.batch_size > self.buffer_size:
-            raise ValueError(f"batch_size: {self.batch_size} is larger than the replay "
-                             f"capacity (buffer_size = {self.buffer_size})")
-        if self.num_envs > self.buffer_size:
-            raise ValueError(f"buffer_size: {self.buffer_size} is smaller than one step of "
-                             f"num_envs = {self.num_envs} environments")
-        if self.learning_starts < self.batch_size:
-            raise ValueError(f"learning_starts: {self.learning_starts} is less than one batch "
-                             f"(batch_size = {self.batch_size}); the first gradient step "
-                             "needs that many transitions")
-        if self.total_timesteps < self.steps_per_update:
-            raise ValueError(f"total_timesteps: {self.total_timesteps} is less than one "
-                             f"update (num_envs * train_frequency = {self.steps_per_update})")
-        if self.learning_starts > self.steps_per_agent - self.steps_per_update:
-            raise ValueError(
-                f"learning_starts: {self.learning_starts} leaves no update with gradient steps "
-                f"within total_timesteps = {self.total_timesteps} (the last update starts "
-                f"after {self.steps_per_agent - self.steps_per_update} steps)")
+        self.check_schedule()
         check_in_range("gamma", self.gamma, 0.0, 1.0)
         check_in_range("tau", self.tau, 0.0, 1.0, low_open=True)
         for name in ("actor_learning_rate", "critic_learning_rate"):

@@ -32,9 +32,10 @@ ActFn = Callable[[jax.Array, Any], jax.Array]
 
 
 class UpdateSchedule:
-    """How an off-policy config's budget divides into updates, shared by every off-policy
-    config class (which defines ``num_envs``, ``train_frequency``, ``total_timesteps`` and
-    ``learning_starts``)."""
+    """How an off-policy config's budget divides into updates, and the checks that it fits,
+    shared by every off-policy config class (which defines ``num_envs``,
+    ``train_frequency``, ``total_timesteps``, ``learning_starts``, ``batch_size`` and
+    ``buffer_size``)."""
 
     @property
     def steps_per_update(self) -> int:
@@ -55,6 +56,28 @@ class UpdateSchedule:
         """Updates that only collect: the first update with gradient steps is the first
         after which the buffer holds ``learning_starts`` transitions."""
         return -(-self.learning_starts // self.steps_per_update) - 1
+
+    def check_schedule(self) -> None:
+        """The budget, buffer, batch and warm-up fit together; a ``ValueError`` names the
+        field that does not."""
+        if self.batch_size > self.buffer_size:
+            raise ValueError(f"batch_size: {self.batch_size} is larger than the replay "
+                             f"capacity (buffer_size = {self.buffer_size})")
+        if self.num_envs > self.buffer_size:
+            raise ValueError(f"buffer_size: {self.buffer_size} is smaller than one step of "
+                             f"num_envs = {self.num_envs} environments")
+        if self.learning_starts < self.batch_size:
+            raise ValueError(f"learning_starts: {self.learning_starts} is less than one batch "
+                             f"(batch_size = {self.batch_size}); the first gradient step "
+                             "needs that many transitions")
+        if self.total_timesteps < self.steps_per_update:
+            raise ValueError(f"total_timesteps: {self.total_timesteps} is less than one "
+                             f"update (num_envs * train_frequency = {self.steps_per_update})")
+        if self.learning_starts > self.steps_per_agent - self.steps_per_update:
+            raise ValueError(
+                f"learning_starts: {self.learning_starts} leaves no update with gradient steps "
+                f"within total_timesteps = {self.total_timesteps} (the last update starts "
+                f"after {self.steps_per_agent - self.steps_per_update} steps)")
 
 
 class Transition(NamedTuple):
