@@ -39,6 +39,7 @@ from metarl.config import (
 )
 from metarl.evolution import Evolution, EvolutionState
 from metarl.runs import config_history
+from metarl.runs import start as runs_start
 from metarl.runs.checkpoint import DamagedCheckpoint, RunCheckpointer
 from metarl.runs.layout import (
     CONFIG_FILE,
@@ -55,7 +56,8 @@ from metarl.runs.layout import (
     write_status,
 )
 from metarl.runs.lock import hold_run_lock
-from metarl.runs.resume import check_fresh, find_resume_point, notify
+from metarl.runs.resume import find_resume_point, notify
+from metarl.runs.start import started_run
 from metarl.sharding import num_shards
 from metarl.trackers import RunTrackers, check_trackers
 
@@ -116,12 +118,7 @@ def load_meta_params(path: str | Path, template=None):
 
 def new_run_dir(config: ExperimentConfig) -> Path:
     """A fresh directory ``<output_dir>/<name>-<timestamp>`` (suffixed if it exists)."""
-    base = Path(config.run.output_dir) / f"{config.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    candidate, suffix = base, 1
-    while candidate.exists():
-        candidate = base.with_name(f"{base.name}-{suffix}")
-        suffix += 1
-    return candidate
+    return runs_start.new_run_dir(config.run.output_dir, config.name)
 
 
 def normalized_config(data: dict[str, Any]) -> dict[str, Any]:
@@ -266,22 +263,8 @@ def evolve(config: ExperimentConfig, run_dir: str | Path | None = None) -> RunRe
     run_dir = Path(distributed.agree(str(run_dir)))  # process 0's clock names the directory
     evolution = Evolution(config)  # checks the config fully before anything is written
     check_trackers(config.run.trackers)
-    if distributed.is_primary():
-        try:
-            run_dir.mkdir(parents=True, exist_ok=True)
-        except OSError as error:
-            raise RunError(f"cannot create {run_dir}: {error.strerror or error}") from error
-    distributed.barrier("metarl-evolve-mkdir")
-    with hold_run_lock(run_dir, f"metarl evolve --run-dir {run_dir}"):
-        check_fresh(run_dir, config.to_dict(), normalize=normalized_config,
-                    budget_fields=BUDGET_FIELDS)
-        distributed.barrier("metarl-evolve-checked")  # all have looked before 0 writes
-        if distributed.is_primary():
-            remove_stale_temporaries(run_dir)
-            write_json(run_dir / CONFIG_FILE, config.to_dict(), run_dir)
-            config_history.record(run_dir, "start", config=config.to_dict())
-            write_status(run_dir, "running", started=now())
-        distributed.barrier("metarl-evolve-created")
+    with started_run(run_dir, config.to_dict(), command=f"metarl evolve --run-dir {run_dir}",
+                     normalize=normalized_config, budget_fields=BUDGET_FIELDS):
         state = _initial_state(evolution)
         return _run_generations(evolution, state, run_dir, [], [], config.es.generations)
 

@@ -67,6 +67,7 @@ from metarl.population.pbt import (
 )
 from metarl.population.priors import Prior
 from metarl.runs import config_history
+from metarl.runs import start as runs_start
 from metarl.runs.checkpoint import DamagedCheckpoint, RunCheckpointer, score_of_line
 from metarl.runs.evaluations import find_same, save_record
 from metarl.runs.layout import (
@@ -78,12 +79,12 @@ from metarl.runs.layout import (
     now,
     read_metrics,
     remove_stale_temporaries,
-    write_json,
     write_metrics,
     write_status,
 )
 from metarl.runs.lock import hold_run_lock
-from metarl.runs.resume import check_fresh, find_resume_point, notify
+from metarl.runs.resume import find_resume_point, notify
+from metarl.runs.start import started_run
 
 KIND = "pbt"
 STEP_KEY = "segment"
@@ -464,12 +465,7 @@ def _open_trackers(run_dir: Path, config: PBTExperimentConfig) -> list:
 
 def new_run_dir(config: PBTExperimentConfig) -> Path:
     """A fresh directory ``<output_dir>/<name>-<timestamp>`` (suffixed if it exists)."""
-    base = Path(config.run.output_dir) / f"{config.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    candidate, suffix = base, 1
-    while candidate.exists():
-        candidate = base.with_name(f"{base.name}-{suffix}")
-        suffix += 1
-    return candidate
+    return runs_start.new_run_dir(config.run.output_dir, config.name)
 
 
 def run_pbt(config: PBTExperimentConfig, run_dir: str | Path | None = None,
@@ -482,23 +478,9 @@ def run_pbt(config: PBTExperimentConfig, run_dir: str | Path | None = None,
     run_dir = Path(run_dir) if run_dir is not None else new_run_dir(config)
     run_dir = Path(distributed.agree(str(run_dir)))
     program = PBTProgram(config, mesh)  # checks the config fully before anything is written
-    if distributed.is_primary():
-        try:
-            run_dir.mkdir(parents=True, exist_ok=True)
-        except OSError as error:
-            raise RunError(f"cannot create {run_dir}: {error.strerror or error}") from error
-    distributed.barrier("metarl-pbt-mkdir")
-    with hold_run_lock(run_dir, f"metarl run --run-dir {run_dir}"):
-        check_fresh(run_dir, config.to_dict(), normalize=normalized_config,
-                    budget_fields=BUDGET_FIELDS)
-        distributed.barrier("metarl-pbt-checked")
-        if distributed.is_primary():
-            remove_stale_temporaries(run_dir)
-            write_json(run_dir / CONFIG_FILE, config.to_dict(), run_dir)
-            config_history.record(run_dir, "start", config=config.to_dict())
-            write_status(run_dir, "running", started=now(), kind=KIND,
-                         budget=program.segments)
-        distributed.barrier("metarl-pbt-created")
+    with started_run(run_dir, config.to_dict(), command=f"metarl run --run-dir {run_dir}",
+                     normalize=normalized_config, budget_fields=BUDGET_FIELDS, kind=KIND,
+                     budget=program.segments):
         return _run_segments(program, program.init(), run_dir, [], [])
 
 

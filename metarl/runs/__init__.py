@@ -9,6 +9,8 @@ One module per job:
   record of accepted changes;
 - :mod:`~metarl.runs.checkpoint`: orbax checkpoints, retention that holds across resumes,
   damaged checkpoints told apart from incompatible ones;
+- :mod:`~metarl.runs.start`: a new run's directory, created and locked the same way for
+  every run kind;
 - :mod:`~metarl.runs.resume`: the rules by which a run continues;
 - :mod:`~metarl.runs.evaluations`: evaluations that accumulate instead of replacing each
   other;
