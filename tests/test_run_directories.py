@@ -26,6 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _tiny_evolution import GENERATIONS, KILL_WORKER, TINY
 
 from inner_loops.objective import LossTerm, Objective, clipped_l2
 from metarl import distributed
@@ -47,33 +48,6 @@ from metarl.runs.layout import (
 )
 from metarl.runs.listing import list_runs
 from metarl.runs.lock import RunLockedError, acquire, hold_run_lock, lock_holder
-
-GENERATIONS = 5
-TINY = f"""
-name = "tiny"
-[objective]
-name = "value_distance"
-options = {{ hidden_sizes = [8] }}
-[inner]
-env_id = "CartPole-v1"
-num_envs = 4
-num_steps = 32
-total_timesteps = 4096
-hidden_sizes = [16]
-update_epochs = 2
-num_minibatches = 2
-[es]
-population_size = 4
-generations = {GENERATIONS}
-sigma = 0.05
-[fitness]
-seeds_per_candidate = 2
-[run]
-checkpoint_every = 1
-keep_checkpoints = 2
-progress = false
-"""
-KILL_WORKER = Path(__file__).parent / "_kill_worker.py"
 
 
 @pytest.fixture(scope="module")
