@@ -54,8 +54,14 @@ def _report(result, no_plots: bool) -> int:
     """Summarise a finished run (and plot it) on the process that owns the files."""
     if not distributed.is_primary():
         return 0
-    if getattr(result.config, "kind", "evolve") == "pbt":
-        return _report_pbt(result, no_plots)
+    from metarl.kinds import EVOLVE, config_kind, population_kind
+
+    kind = config_kind(result.config)
+    if kind != EVOLVE:
+        print(population_kind(kind).describe(result))
+        if not no_plots and result.history:
+            _plot_quietly(result.run_dir)
+        return 0
     last = result.history[-1]
     print(f"run directory: {result.run_dir}")
     print(f"generations: {last['generation']}  best fitness so far: "
@@ -67,20 +73,9 @@ def _report(result, no_plots: bool) -> int:
     return 0
 
 
-def _report_pbt(result, no_plots: bool) -> int:
-    print(f"run directory: {result.run_dir}")
-    if result.history:
-        last = result.history[-1]
-        print(f"segments: {last['segment']}  agent-steps: {last['agent_steps']:,}  last "
-              f"segment's returns: best {last['best_return']:.4g} (member "
-              f"{last['best_member']}), median {last['median_return']:.4g}")
-    if not no_plots and result.history:
-        _plot_quietly(result.run_dir)
-    return 0
-
-
-def _evaluate_pbt(args) -> int:
-    from metarl.population.pbt_run import evaluate_pbt_run, format_pbt_evaluation
+def _evaluate_population(args, kind: str) -> int:
+    """Evaluate a population run (pbt, cem_rl, dvd): its final members / result."""
+    from metarl.kinds import population_kind
 
     ignored = [flag for flag, value, default in (
         ("--env", args.env, []), ("--seeds", args.seeds, 16), ("--baselines", args.baselines,
@@ -90,19 +85,21 @@ def _evaluate_pbt(args) -> int:
     if ignored:
         from metarl.config import ConfigError
 
-        raise ConfigError(f"{', '.join(ignored)}: only for evolution runs; a pbt run is "
-                          "evaluated on its final members (--eval-seed, --rerun)")
-    report = evaluate_pbt_run(args.run_dir, args.eval_seed, rerun=args.rerun)
-    print(format_pbt_evaluation(report))
+        raise ConfigError(f"{', '.join(ignored)}: only for evolution runs; a {kind} run is "
+                          "evaluated on its final population (--eval-seed, --rerun)")
+    spec = population_kind(kind)
+    report = spec.evaluate(args.run_dir, args.eval_seed, rerun=args.rerun)
+    print(spec.format_evaluation(report))
     print(("reusing " if report.get("reused") else "saved ") + str(report["path"]))
     return 0
 
 
 def _evaluate(args) -> int:
-    from metarl.kinds import PBT, run_kind
+    from metarl.kinds import EVOLVE, run_kind
 
-    if run_kind(args.run_dir) == PBT:
-        return _evaluate_pbt(args)
+    kind = run_kind(args.run_dir)
+    if kind != EVOLVE:
+        return _evaluate_population(args, kind)
     from metarl.evaluate import evaluate_run, format_table
 
     baselines = args.baselines.split(",") if args.baselines else None
@@ -215,7 +212,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = commands.add_parser(
         "run", help="start a run of any kind from an experiment file (kind = \"evolve\", "
-                    "the default, or \"pbt\")")
+                    "the default, \"pbt\", \"cem_rl\" or \"dvd\")")
     run.add_argument("config", help="experiment file, e.g. experiments/pbt_ppo_cartpole.toml")
     run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                      help="override a config field, e.g. --set pbt.population_size=16 "
@@ -260,7 +257,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     evaluate = commands.add_parser(
         "evaluate", help="train fresh agents with the evolved objective and baselines (a "
-                         "pbt run: evaluate its final members)"
+                         "pbt, cem_rl or dvd run: evaluate its final population)"
     )
     evaluate.add_argument("run_dir")
     evaluate.add_argument("--env", action="append", default=[],

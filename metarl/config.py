@@ -281,12 +281,17 @@ class ExperimentConfig:
     def to_dict(self) -> dict[str, Any]:
         """Plain-JSON form that :func:`config_from_dict` reads back to an equal config."""
         data = dataclasses.asdict(self)
-        data["inner"] = [{"algorithm": algorithm_of(cfg).name, **dataclasses.asdict(cfg),
-                          "env_params": dict(cfg.env_params)} for cfg in self.inner]
+        data["inner"] = [inner_to_dict(cfg) for cfg in self.inner]
         return _plain(data)
 
     def replace(self, **changes) -> ExperimentConfig:
         return dataclasses.replace(self, **changes)
+
+
+def inner_to_dict(inner: Any) -> dict[str, Any]:
+    """An algorithm config as the ``[inner]`` table that :func:`_build_inner` reads back."""
+    return _plain({"algorithm": algorithm_of(inner).name, **dataclasses.asdict(inner),
+                   "env_params": dict(inner.env_params)})
 
 
 def _check_finite_numbers(path: str, value: Any) -> None:

@@ -6,21 +6,34 @@ evolution experiments (``"evolve"``), as every file was before kinds existed. A 
 directory's kind is the ``kind`` of its ``config.json`` (evolution runs write none).
 
 - ``evolve``: :mod:`metarl.run` (meta-evolution of a learned objective);
-- ``pbt``: :mod:`metarl.population.pbt_run` (population-based training).
+- ``pbt``: :mod:`metarl.population.pbt_run` (population-based training);
+- ``cem_rl``: :mod:`metarl.population.cem_rl_run` (the cross-entropy method over TD3
+  actors sharing a critic);
+- ``dvd``: :mod:`metarl.population.dvd_run` (TD3 actors trained to be diverse).
+
+The population kinds each describe themselves with a
+:class:`~metarl.population.stepped_run.SteppedKind` (their module's ``RUN_KIND``) and run
+on :mod:`metarl.population.stepped_run`.
 
 Importing this module starts no JAX computation.
 """
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 from typing import Any
 
 from metarl.config import ConfigError, apply_overrides, read_config_data
 from metarl.runs.layout import CONFIG_FILE, RunError, read_json
 
-EVOLVE, PBT = "evolve", "pbt"
-KINDS = (EVOLVE, PBT)
+EVOLVE, PBT, CEM_RL, DVD = "evolve", "pbt", "cem_rl", "dvd"
+POPULATION_KINDS = {
+    PBT: "metarl.population.pbt_run",
+    CEM_RL: "metarl.population.cem_rl_run",
+    DVD: "metarl.population.dvd_run",
+}
+KINDS = (EVOLVE, *POPULATION_KINDS)
 
 
 def kind_of(data: dict[str, Any]) -> str:
@@ -31,12 +44,16 @@ def kind_of(data: dict[str, Any]) -> str:
     return kind
 
 
+def population_kind(kind: str):
+    """The :class:`~metarl.population.stepped_run.SteppedKind` of a population kind."""
+    return importlib.import_module(POPULATION_KINDS[kind]).RUN_KIND
+
+
 def experiment_from_dict(data: dict[str, Any]):
     """The typed, validated config of ``data``'s kind."""
-    if kind_of(data) == PBT:
-        from metarl.population.pbt_run import pbt_config_from_dict
-
-        return pbt_config_from_dict(data)
+    kind = kind_of(data)
+    if kind != EVOLVE:
+        return population_kind(kind).from_dict(data)
     from metarl.config import config_from_dict
 
     return config_from_dict(data)
@@ -67,10 +84,11 @@ def run_kind(run_dir: str | Path) -> str:
 
 def start(config, run_dir: str | Path | None = None):
     """Start a run of ``config`` (any kind) in ``run_dir`` (a fresh directory by default)."""
-    if config_kind(config) == PBT:
-        from metarl.population.pbt_run import run_pbt
+    kind = config_kind(config)
+    if kind != EVOLVE:
+        from metarl.population.stepped_run import start_run
 
-        return run_pbt(config, run_dir)
+        return start_run(population_kind(kind), config, run_dir)
     from metarl.run import evolve
 
     return evolve(config, run_dir)
@@ -80,19 +98,21 @@ def resume(run_dir: str | Path, generations: int | None = None,
            accept_config_change: bool = False, trackers: tuple[str, ...] | None = None):
     """Continue the run in ``run_dir``, whatever its kind; ``trackers`` (``--track``)
     replaces ``run.trackers`` of an evolution run from here on."""
-    if run_kind(run_dir) == PBT:
+    kind = run_kind(run_dir)
+    if kind != EVOLVE:
         if generations is not None:
             raise ConfigError(
-                "--generations: a pbt run's budget is inner.total_timesteps, which also "
-                "shapes its members' schedules (learning-rate annealing, exploration), so it "
-                "cannot be extended; start a new run to train longer")
-        from metarl.population.pbt_run import read_pbt_config, resume_pbt
+                f"--generations: a {kind} run's budget also shapes its schedules "
+                "(learning-rate annealing, exploration, noise decay), so it cannot be "
+                "extended; start a new run to train longer")
+        from metarl.population.stepped_run import resume_run
 
-        if trackers is not None and tuple(trackers) != read_pbt_config(run_dir).run.trackers:
+        spec = population_kind(kind)
+        if trackers is not None and tuple(trackers) != spec.read_config(run_dir).run.trackers:
             raise ConfigError(
-                "--track: a pbt run keeps the trackers it was started with (run.trackers); "
-                "start it with the trackers it should use")
-        return resume_pbt(run_dir, accept_config_change)
+                f"--track: a {kind} run keeps the trackers it was started with "
+                "(run.trackers); start it with the trackers it should use")
+        return resume_run(spec, run_dir, accept_config_change)
     from metarl.run import resume as resume_evolve
 
     return resume_evolve(run_dir, generations, accept_config_change, trackers)
@@ -100,10 +120,9 @@ def resume(run_dir: str | Path, generations: int | None = None,
 
 def plot(run_dir: str | Path) -> list[Path]:
     """Write the figures of the run in ``run_dir`` and return their paths."""
-    if run_kind(run_dir) == PBT:
-        from metarl.population.pbt_run import plot_pbt_run
-
-        return plot_pbt_run(run_dir)
+    kind = run_kind(run_dir)
+    if kind != EVOLVE:
+        return population_kind(kind).plot(run_dir)
     from metarl.plots import plot_run
 
     return plot_run(run_dir)

@@ -121,7 +121,7 @@ def test_a_pbt_file_loads_typed_and_round_trips(tiny_file):
     (["pbt.perturb_factors=[0.8, nan]"], r"pbt\.perturb_factors\[1\]: must be a finite"),
     (["inner.algorithm='a2c'"], r"inner\.algorithm: unknown 'a2c'; allowed: .*ppo"),
     (["es.generations=3"], r"es: a pbt experiment has no \[es\] table"),
-    (["kind='cem'"], r"kind: got 'cem'; allowed: evolve, pbt"),
+    (["kind='cem'"], r"kind: got 'cem'; allowed: evolve, pbt, cem_rl, dvd"),
 ])
 def test_bad_pbt_files_name_the_field(tiny_file, overrides, message):
     with pytest.raises(ConfigError, match=message):
@@ -232,7 +232,7 @@ def test_resume_after_the_end_changes_nothing_and_cannot_extend(reference, tmp_p
     assert (run_dir / "metrics.jsonl").read_text() == before
     tree_equal(result.state, reference.state)
     assert main(["resume", str(run_dir), "--generations", "8"]) == 2
-    assert "--generations: a pbt run's budget is inner.total_timesteps" in \
+    assert "--generations: a pbt run's budget also shapes its schedules" in \
         capsys.readouterr().err
 
 

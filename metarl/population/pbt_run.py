@@ -32,11 +32,8 @@ continues bit for bit. :func:`run_pbt` starts a run, :func:`resume_pbt` continue
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import math
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,7 +42,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from metarl import distributed
 from metarl.config import (
     ConfigError,
     RunConfig,
@@ -55,9 +51,10 @@ from metarl.config import (
     _plain,
     apply_overrides,
     default_inner_config,
+    inner_to_dict,
     read_config_data,
-    upgrade_saved_config,
 )
+from metarl.population import stepped_run
 from metarl.population.pbt import (
     PBTConfig,
     initial_population,
@@ -66,29 +63,21 @@ from metarl.population.pbt import (
     segment_record,
 )
 from metarl.population.priors import Prior
-from metarl.runs import config_history
-from metarl.runs import start as runs_start
-from metarl.runs.checkpoint import DamagedCheckpoint, RunCheckpointer, score_of_line
-from metarl.runs.evaluations import find_same, save_record
-from metarl.runs.layout import (
-    CONFIG_FILE,
-    PLOTS_DIR,
-    CheckpointError,
-    RunError,
-    RunStopped,
-    now,
-    read_metrics,
-    remove_stale_temporaries,
-    write_metrics,
-    write_status,
+from metarl.population.stepped_run import (
+    SteppedKind,
+    SteppedRun,
+    digest,
+    finite_stat,
+    saved_evaluation,
 )
-from metarl.runs.lock import hold_run_lock
-from metarl.runs.resume import find_resume_point, notify
-from metarl.runs.start import started_run
+from metarl.runs.layout import (
+    PLOTS_DIR,
+    RunError,
+    read_metrics,
+)
 
 KIND = "pbt"
 STEP_KEY = "segment"
-BUDGET_FIELDS = ()  # the budget (inner.total_timesteps) sets schedules: it may not change
 
 __all__ = ["PBTExperimentConfig", "PBTRunResult", "evaluate_pbt_run", "load_pbt_config",
            "load_pbt_run", "pbt_config_from_dict", "plot_pbt_run", "resume_pbt", "run_pbt"]
@@ -156,15 +145,12 @@ class PBTExperimentConfig:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-JSON form that :func:`pbt_config_from_dict` reads back to an equal config."""
-        from inner_loops.registry import algorithm_of
-
-        inner = {"algorithm": algorithm_of(self.inner).name,
-                 **dataclasses.asdict(self.inner), "env_params": dict(self.inner.env_params)}
         pbt = {f.name: getattr(self.pbt, f.name) for f in dataclasses.fields(self.pbt)}
         pbt["priors"] = {name: dataclasses.asdict(prior)
                          for name, prior in sorted(self.pbt.priors.items())}
         return _plain({"kind": KIND, "name": self.name, "description": self.description,
-                       "inner": inner, "pbt": pbt, "run": dataclasses.asdict(self.run)})
+                       "inner": inner_to_dict(self.inner), "pbt": pbt,
+                       "run": dataclasses.asdict(self.run)})
 
     def replace(self, **changes) -> PBTExperimentConfig:
         return dataclasses.replace(self, **changes)
@@ -236,20 +222,12 @@ def load_pbt_config(path: str | Path, overrides: list[str] | None = None
 
 def normalized_config(data: dict[str, Any]) -> dict[str, Any]:
     """A saved config with defaults filled in, so comparing two finds only real changes."""
-    data = upgrade_saved_config(data)
-    try:
-        return pbt_config_from_dict(data).to_dict()
-    except ConfigError:
-        return data
+    return RUN_KIND.normalize(data)
 
 
 def read_pbt_config(run_dir: str | Path) -> PBTExperimentConfig:
-    run_dir = Path(run_dir)
-    if not run_dir.is_dir():
-        raise RunError(f"run directory not found: {run_dir}")
-    if not (run_dir / CONFIG_FILE).is_file():
-        raise RunError(f"{run_dir} is not a metarl run: it has no {CONFIG_FILE}")
-    return pbt_config_from_dict(upgrade_saved_config(read_config_data(run_dir / CONFIG_FILE)))
+    """The validated config of the pbt run in ``run_dir``."""
+    return RUN_KIND.read_config(run_dir)
 
 
 # --------------------------------------------------------------------------------------
@@ -257,7 +235,8 @@ def read_pbt_config(run_dir: str | Path) -> PBTExperimentConfig:
 
 
 class PBTProgram:
-    """The learner, mesh and jitted segment of one pbt config (built once per process)."""
+    """The learner, mesh and jitted segment of one pbt config (built once per process): the
+    program :mod:`~metarl.population.stepped_run` runs, one segment per step."""
 
     def __init__(self, config: PBTExperimentConfig, mesh=None):
         from inner_loops.registry import make_learner
@@ -274,7 +253,7 @@ class PBTProgram:
         if mesh is not None and mesh.devices.size == 1:
             mesh = None  # one device: exactly the unsharded program
         self.mesh = mesh
-        self.segments = config.num_segments
+        self.segments = self.steps = config.num_segments
         self.segment = make_segment(self.learner, config.pbt, config.run.chunk_size, mesh)
         self.steps_per_segment = (config.pbt.population_size * config.pbt.segment_updates
                                   * self.learner.steps_per_update)
@@ -293,6 +272,10 @@ class PBTProgram:
             state.update(put_replicated({"key": key, "segment": state["segment"]}, self.mesh))
         return state
 
+    @staticmethod
+    def completed(state: dict[str, Any]) -> int:
+        return int(state["segment"])
+
     def step(self, state: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
         """One segment (no exploit after the last); returns the new state and the
         segment's record (:func:`~metarl.population.pbt.segment_record`) plus the members'
@@ -308,24 +291,53 @@ class PBTProgram:
         return ({"states": states, "hypers": hypers, "key": state["key"],
                  "segment": state["segment"] + 1}, line)
 
+    def summary(self, segment: int, record: dict[str, Any], seconds: float,
+                history: list[dict[str, Any]]) -> dict[str, Any]:
+        """The ``metrics.jsonl`` line of ``segment``: returns, every member's fitness and
+        hyperparameters, the exploit step that followed, throughput."""
+        from metarl.sharding import num_shards
+
+        fitness = np.asarray(record["fitness"], np.float64)
+        updates = segment * self.config.pbt.segment_updates
+        best = finite_stat(np.max, fitness)
+        so_far = history[-1]["best_return_so_far"] if history else -math.inf
+        return {
+            STEP_KEY: segment,
+            "updates": updates,
+            "steps_per_member": updates * self.learner.steps_per_update,
+            "agent_steps": segment * self.steps_per_segment,
+            "best_return": best,
+            "median_return": finite_stat(np.median, fitness),
+            "mean_return": finite_stat(np.mean, fitness),
+            "best_return_so_far": float(np.nanmax([so_far, best])),
+            "best_member": int(np.nanargmax(np.where(np.isnan(fitness), -np.inf, fitness))),
+            **record,
+            "exploited": [int(m) for m in np.flatnonzero(record["replaced"])],
+            "steps_per_update": self.learner.steps_per_update,
+            "devices": num_shards(self.mesh),
+            "seconds": seconds,
+            "agent_steps_per_second": self.steps_per_segment / seconds if seconds > 0
+            else None,
+        }
+
+    @staticmethod
+    def postfix(line: dict[str, Any]) -> dict[str, str]:
+        rate = line["agent_steps_per_second"]
+        return {"best": f"{line['best_return']:.4g}", "median": f"{line['median_return']:.4g}",
+                "steps_per_s": f"{rate:.3g}" if rate else "-"}
+
 
 @dataclass
-class PBTRunResult:
+class PBTRunResult(SteppedRun):
     """What :func:`run_pbt` / :func:`resume_pbt` / :func:`load_pbt_run` leave.
 
     Attributes:
         run_dir: the run directory.
         config: its config.
-        program: learner, mesh and jitted segment.
+        program: learner, mesh and jitted segment (:class:`PBTProgram`).
         state: ``states``, ``hypers`` (the population), ``key`` and ``segment``.
         history: one line of ``metrics.jsonl`` per segment.
     """
-
-    run_dir: Path
-    config: PBTExperimentConfig
-    program: PBTProgram
-    state: dict[str, Any]
-    history: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def states(self):
@@ -341,131 +353,9 @@ class PBTRunResult:
         return int(np.nanargmax(np.asarray(self.history[-1]["fitness"], np.float64)))
 
 
-def _stat(fn, values: np.ndarray) -> float:
-    finite = values[np.isfinite(values)]
-    return float(fn(finite)) if finite.size else math.nan
-
-
-def _summary(segment: int, record: dict[str, Any], program: PBTProgram, seconds: float,
-             best_so_far: float) -> dict[str, Any]:
-    fitness = np.asarray(record["fitness"], np.float64)
-    updates = segment * program.config.pbt.segment_updates
-    from metarl.sharding import num_shards
-
-    return {
-        STEP_KEY: segment,
-        "updates": updates,
-        "steps_per_member": updates * program.learner.steps_per_update,
-        "agent_steps": segment * program.steps_per_segment,
-        "best_return": _stat(np.max, fitness),
-        "median_return": _stat(np.median, fitness),
-        "mean_return": _stat(np.mean, fitness),
-        "best_return_so_far": float(np.nanmax([best_so_far, _stat(np.max, fitness)])),
-        "best_member": int(np.nanargmax(np.where(np.isnan(fitness), -np.inf, fitness))),
-        **record,
-        "exploited": [int(m) for m in np.flatnonzero(record["replaced"])],
-        "steps_per_update": program.learner.steps_per_update,
-        "devices": num_shards(program.mesh),
-        "seconds": seconds,
-        "agent_steps_per_second": program.steps_per_segment / seconds if seconds > 0 else None,
-    }
-
-
-def _invalid_streak(history: list[dict[str, Any]]) -> int:
-    streak = 0
-    for line in reversed(history):
-        if any(line.get("finite", [True])):
-            break
-        streak += 1
-    return streak
-
-
-def _score(line: dict[str, Any]) -> float:
-    return score_of_line(line, "best_return")
-
-
-def _checkpointer(run_dir: Path, config: PBTExperimentConfig) -> RunCheckpointer:
-    return RunCheckpointer(run_dir, keep=config.run.keep_checkpoints, step_key=STEP_KEY,
-                           score=_score)
-
-
-def _run_segments(program: PBTProgram, state: dict[str, Any], run_dir: Path,
-                  history: list[dict], events: list[dict]) -> PBTRunResult:
-    from tqdm.auto import tqdm
-
-    config = program.config
-    until = program.segments
-    checkpointer = _checkpointer(run_dir, config)
-    start = int(state["segment"])
-    primary = distributed.is_primary()
-    limit = config.run.max_invalid_generations
-    best_so_far = history[-1]["best_return_so_far"] if history else -math.inf
-    bar = tqdm(total=until, initial=start, desc=config.name, unit="segment",
-               disable=not (config.run.progress and primary), dynamic_ncols=True)
-    trackers = _open_trackers(run_dir, config) if primary else []
-    stopped = None
-    try:
-        for segment in range(start + 1, until + 1):
-            started = time.perf_counter()
-            state, record = program.step(state)
-            jax.block_until_ready(state)
-            seconds = time.perf_counter() - started
-            line = _summary(segment, record, program, seconds, best_so_far)
-            best_so_far = line["best_return_so_far"]
-            history.append(line)
-            if limit and _invalid_streak(history) >= limit:
-                stopped = segment
-            if primary:
-                write_metrics(run_dir, history, events, step_key=STEP_KEY)
-                for tracker in trackers:
-                    tracker.log(segment, {k: v for k, v in line.items() if k != "returns"})
-            if segment % config.run.checkpoint_every == 0 or segment == until or stopped:
-                meta = {"config": config.to_dict(), "history": history, "events": events}
-                checkpointer.save(segment, state, meta)
-            rate = line["agent_steps_per_second"]
-            bar.set_postfix(segment=f"{segment}/{until}", best=f"{line['best_return']:.4g}",
-                            median=f"{line['median_return']:.4g}",
-                            steps_per_s=f"{rate:.3g}" if rate else "-", refresh=False)
-            bar.update(1)
-            if stopped:
-                break
-    finally:
-        bar.close()
-        checkpointer.close()
-        for tracker in trackers:
-            tracker.close()
-    if stopped:
-        message = (
-            f"stopped after segment {stopped}: every member's losses were non-finite in the "
-            f"last {limit} segments (run.max_invalid_generations = {limit}). Its checkpoints "
-            f"are kept in {run_dir / 'checkpoints'}. Check the priors' bounds and the "
-            f"[inner] settings; `metarl resume {run_dir}` continues it")
-        if primary:
-            write_status(run_dir, "stopped", generation=stopped, segment=stopped,
-                         message=message)
-        raise RunStopped(message)
-    if primary:
-        write_status(run_dir, "finished", generation=until, segment=until, budget=until)
-    return PBTRunResult(run_dir, config, program, state, history)
-
-
-def _open_trackers(run_dir: Path, config: PBTExperimentConfig) -> list:
-    """The experiment trackers ``run.trackers`` names (:mod:`metarl.trackers`), each sent
-    every segment's summary; none when the run config has no such field or names none."""
-    names = tuple(getattr(config.run, "trackers", ()) or ())
-    if not names:
-        return []
-    from metarl.trackers import TrackerError, open_trackers
-
-    try:
-        return open_trackers(names, run_dir, config.name, config.to_dict())
-    except TrackerError as error:
-        raise ConfigError(f"run.trackers: {error}") from None
-
-
 def new_run_dir(config: PBTExperimentConfig) -> Path:
     """A fresh directory ``<output_dir>/<name>-<timestamp>`` (suffixed if it exists)."""
-    return runs_start.new_run_dir(config.run.output_dir, config.name)
+    return stepped_run.new_run_dir(config)
 
 
 def run_pbt(config: PBTExperimentConfig, run_dir: str | Path | None = None,
@@ -475,32 +365,7 @@ def run_pbt(config: PBTExperimentConfig, run_dir: str | Path | None = None,
     Raises :class:`RunError` if the directory holds another run or another process is
     writing it, and :class:`RunStopped` when the run stops itself.
     """
-    run_dir = Path(run_dir) if run_dir is not None else new_run_dir(config)
-    run_dir = Path(distributed.agree(str(run_dir)))
-    program = PBTProgram(config, mesh)  # checks the config fully before anything is written
-    with started_run(run_dir, config.to_dict(), command=f"metarl run --run-dir {run_dir}",
-                     normalize=normalized_config, budget_fields=BUDGET_FIELDS, kind=KIND,
-                     budget=program.segments):
-        return _run_segments(program, program.init(), run_dir, [], [])
-
-
-def _check_segment(step: int, state: dict[str, Any], meta: dict[str, Any]) -> None:
-    if int(state["segment"]) != step:
-        raise DamagedCheckpoint(step, f"it holds segment {int(state['segment'])}")
-    if not any(line.get(STEP_KEY) == step for line in meta["history"]):
-        raise DamagedCheckpoint(step, "its history lacks that segment")
-
-
-def _find_checkpoint(run_dir: Path, program: PBTProgram, *, accept: bool, writer: bool):
-    checkpointer = _checkpointer(run_dir, program.config)
-    template = program.init()  # real arrays: their shardings are where the restore goes
-    try:
-        return find_resume_point(
-            run_dir, checkpointer, template, config=program.config.to_dict(),
-            normalize=normalized_config, budget_fields=BUDGET_FIELDS,
-            accept_config_change=accept, writer=writer, validate=_check_segment)
-    finally:
-        checkpointer.close()
+    return stepped_run.start_run(RUN_KIND, config, run_dir, mesh)
 
 
 def resume_pbt(run_dir: str | Path, accept_config_change: bool = False,
@@ -513,54 +378,13 @@ def resume_pbt(run_dir: str | Path, accept_config_change: bool = False,
     longer run is another experiment; changing it is refused like any other change unless
     ``accept_config_change``.
     """
-    run_dir = Path(run_dir)
-    read_pbt_config(run_dir)  # a missing directory or config is reported before locking
-    with hold_run_lock(run_dir, f"metarl resume {run_dir}"):
-        config = read_pbt_config(run_dir)
-        program = PBTProgram(config, mesh)
-        found = _find_checkpoint(run_dir, program, accept=accept_config_change, writer=True)
-        if found is None:
-            notify(f"{run_dir} has no complete checkpoint (the run stopped before its first "
-                    "one, so nothing was lost): starting it from the beginning")
-            state, history, events = program.init(), [], []
-        else:
-            step, state = found.step, found.state
-            history = [line for line in found.meta["history"] if line[STEP_KEY] <= step]
-            events = [event for event in found.meta.get("events", [])
-                      if event.get("after_step", 0) <= step]
-            if found.skipped:
-                notify(f"resuming {run_dir} from checkpoint {step}, the newest one that "
-                        "reads back")
-            if step >= program.segments:
-                notify(f"{run_dir} has finished its {program.segments} segments; nothing "
-                        "to continue (a pbt run's budget, inner.total_timesteps, shapes its "
-                        "members' schedules: start a new run to train longer)")
-        if distributed.is_primary():
-            remove_stale_temporaries(run_dir)
-            if found is not None and found.changes:
-                changes = config_history.change_record(found.changes)
-                events.append({"event": "config_change", "after_step": found.step,
-                               "time": now(), "changes": changes})
-                config_history.record(run_dir, "config_change", after_step=found.step,
-                                      changes=changes, config=config.to_dict())
-                notify("continuing with a changed config (accepted, recorded): "
-                        f"{config_history.format_changes(found.changes)}")
-            write_metrics(run_dir, history, events, step_key=STEP_KEY)
-            write_status(run_dir, "running", resumed=now(), kind=KIND,
-                         budget=program.segments)
-        return _run_segments(program, state, run_dir, history, events)
+    return stepped_run.resume_run(RUN_KIND, run_dir, accept_config_change, mesh)
 
 
 def load_pbt_run(run_dir: str | Path) -> PBTRunResult:
     """Read a pbt run back (newest usable checkpoint, config and history) without running
     or changing anything; damaged checkpoints are skipped with a warning."""
-    run_dir = Path(run_dir)
-    program = PBTProgram(read_pbt_config(run_dir))
-    found = _find_checkpoint(run_dir, program, accept=True, writer=False)
-    if found is None:
-        raise CheckpointError(f"no complete checkpoint in {run_dir / 'checkpoints'}")
-    return PBTRunResult(run_dir, program.config, program, found.state,
-                        list(found.meta["history"]))
+    return stepped_run.load_run(RUN_KIND, run_dir)
 
 
 # --------------------------------------------------------------------------------------
@@ -603,40 +427,35 @@ def evaluate_pbt_run(run_dir: str | Path, eval_seed: int = 10_007,
     learner = run.program.learner
     last = run.history[-1]
     segment = int(run.state["segment"])
-    digest = hashlib.sha256(json.dumps(
-        [last["fitness"], last["hypers"], segment]).encode()).hexdigest()
     method = "deterministic" if learner.evaluate_fn is not None else "training_return"
     spec = {"kind": KIND, "segment": segment, "eval_seed": eval_seed, "method": method,
-            "checkpoint_digest": digest}
-    earlier = find_same(run_dir, spec)
-    if earlier is not None and not rerun:
-        return {**earlier, "reused": True}
-    size = run.config.pbt.population_size
-    if method == "deterministic":
-        keys = jax.random.split(jax.random.PRNGKey(eval_seed), size)
-        metrics = jax.jit(jax.vmap(learner.evaluate))(run.states, keys)
-        scores = [float(v) for v in np.asarray(jax.device_get(metrics["eval_return"]))]
-    else:
-        scores = [float(v) for v in last["fitness"]]
-    hypers = jax.device_get(run.hypers)._asdict()
-    members = [{"member": m, "return": scores[m], "training_return": float(last["fitness"][m]),
-                "hypers": {name: float(np.asarray(values)[m]) for name, values in hypers.items()},
-                "lineage": lineage(run.history, m)} for m in range(size)]
-    finite = np.asarray([s for s in scores if math.isfinite(s)], np.float64)
-    report = {
-        "run_dir": str(run_dir), "created": now(), "kind": KIND, "method": method,
-        "segment": segment, "eval_seed": eval_seed, "spec": spec,
-        "episodes": getattr(run.config.inner, "eval_episodes", None) if method ==
-        "deterministic" else None,
-        "best_member": int(np.nanargmax(np.where(np.isfinite(scores), scores, -np.inf))),
-        "mean": float(finite.mean()) if finite.size else math.nan,
-        "median": float(np.median(finite)) if finite.size else math.nan,
-        "members": members,
-    }
-    replace = earlier["path"] if earlier is not None and earlier["id"] != "legacy" else None
-    path = save_record(run_dir, report, replace=replace)
-    return {**report, "path": str(path), "id": int(path.stem), "reused": False,
-            "replaced": replace is not None}
+            "checkpoint_digest": digest(last["fitness"], last["hypers"], segment)}
+
+    def compute() -> dict[str, Any]:
+        size = run.config.pbt.population_size
+        if method == "deterministic":
+            keys = jax.random.split(jax.random.PRNGKey(eval_seed), size)
+            metrics = jax.jit(jax.vmap(learner.evaluate))(run.states, keys)
+            scores = [float(v) for v in np.asarray(jax.device_get(metrics["eval_return"]))]
+        else:
+            scores = [float(v) for v in last["fitness"]]
+        hypers = jax.device_get(run.hypers)._asdict()
+        members = [{"member": m, "return": scores[m],
+                    "training_return": float(last["fitness"][m]),
+                    "hypers": {name: float(np.asarray(values)[m])
+                               for name, values in hypers.items()},
+                    "lineage": lineage(run.history, m)} for m in range(size)]
+        return {
+            "kind": KIND, "method": method, "segment": segment, "eval_seed": eval_seed,
+            "episodes": getattr(run.config.inner, "eval_episodes", None) if method ==
+            "deterministic" else None,
+            "best_member": int(np.nanargmax(np.where(np.isfinite(scores), scores, -np.inf))),
+            "mean": finite_stat(np.mean, scores),
+            "median": finite_stat(np.median, scores),
+            "members": members,
+        }
+
+    return saved_evaluation(run_dir, spec, compute, rerun)
 
 
 def format_pbt_evaluation(report: dict[str, Any]) -> str:
@@ -661,3 +480,21 @@ def format_pbt_evaluation(report: dict[str, Any]) -> str:
         "\n(this algorithm has no deterministic evaluation: the scores are each member's "
         "training return over the last segment)")
     return "\n".join(lines) + note
+
+
+def describe_pbt_run(result: PBTRunResult) -> str:
+    """A finished pbt run in two lines, for the command line."""
+    text = f"run directory: {result.run_dir}"
+    if result.history:
+        last = result.history[-1]
+        text += (f"\nsegments: {last['segment']}  agent-steps: {last['agent_steps']:,}  last "
+                 f"segment's returns: best {last['best_return']:.4g} (member "
+                 f"{last['best_member']}), median {last['median_return']:.4g}")
+    return text
+
+
+RUN_KIND = SteppedKind(
+    name=KIND, step_key=STEP_KEY, from_dict=pbt_config_from_dict, build=PBTProgram,
+    result=PBTRunResult, plot=plot_pbt_run, evaluate=evaluate_pbt_run,
+    format_evaluation=format_pbt_evaluation, describe=describe_pbt_run,
+    advice="Check the priors' bounds and the [inner] settings")

@@ -112,8 +112,8 @@ def run_info(run_dir: str | Path) -> RunInfo:
     config = read_json(run_dir / CONFIG_FILE, {}) or {}
     status = read_status(run_dir)
     last = _last_step_line(run_dir / METRICS_FILE) or {}
-    # evolution counts generations; population training (``kind = "pbt"``) segments,
-    # with its budget in status.json
+    # evolution and CEM-RL count generations, PBT and DvD segments; a population kind's
+    # budget is in status.json
     generation = int(last.get("generation", last.get("segment", 0)))
     budget = (config.get("es") or {}).get("generations") if isinstance(config, dict) else None
     budget = budget if budget is not None else status.get("budget")
