@@ -31,7 +31,9 @@ def test_shipped_experiments_load_and_round_trip(path):
 
 def test_the_expected_experiments_ship():
     names = {p.stem for p in EXPERIMENTS}
-    assert {"value_distance_cartpole", "lpo_minatar", "ta_lpo_minatar", "lpo_brax"} <= names
+    assert {"value_distance_cartpole", "lpo_minatar", "ta_lpo_minatar", "lpo_brax",
+            "pbt_ppo_cartpole", "pbt_sac_pendulum", "cem_rl_pendulum", "dvd_td3_pendulum",
+            "pbt_sac_halfcheetah_gpu", "cem_rl_hopper_gpu", "dvd_td3_humanoid_gpu"} <= names
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,205 @@
+"""Run kind "cem_rl": CEM-RL (:mod:`.cem_rl`) from an experiment file, in a run directory.
+
+.. code-block:: toml
+
+    kind = "cem_rl"
+    name = "cem_rl_pendulum"
+    [inner]            # TD3's settings: environment, networks, replay, hyperparameters
+    env_id = "Pendulum-v1"
+    [cem_rl]           # CEMRLConfig: population, elites, RL fraction, generations, ...
+    population_size = 10
+    generations = 16
+    [run]              # seed, checkpoint_every (generations), keep_checkpoints, ...
+
+One step of the run is one generation (one jitted call: ask, TD3 steps of the RL actors
+with the shared critic, evaluation episodes, tell, the mean actor's evaluation);
+``metrics.jsonl`` has a line per generation (every actor's fitness, which took gradient
+steps, the elites' and the mean actor's return), each checkpoint the whole state (search
+distribution, shared critic and buffer, key), so a resumed run equals the uninterrupted
+one. A generation in which no actor had a finite fitness is invalid
+(``run.max_invalid_generations``). ``metarl evaluate`` plays the final mean actor's
+deterministic episodes; ``metarl plot`` draws fitness over generations and the RL against
+the CEM actors.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+
+from metarl.config import ConfigError
+from metarl.population import stepped_run
+from metarl.population.cem_rl import CEMRLConfig, CEMRLState, generation_record, make_cem_rl
+from metarl.population.method_config import MethodExperimentConfig, method_config_from_dict
+from metarl.population.stepped_run import (
+    SteppedKind,
+    SteppedRun,
+    digest,
+    finite_stat,
+    saved_evaluation,
+)
+from metarl.runs.layout import PLOTS_DIR, RunError, read_metrics
+
+KIND = "cem_rl"
+STEP_KEY = "generation"
+
+
+def cem_rl_config_from_dict(data: dict[str, Any]) -> MethodExperimentConfig:
+    """Build and validate a ``cem_rl`` experiment from plain data."""
+    return method_config_from_dict(KIND, CEMRLConfig, data)
+
+
+class CEMRLProgram:
+    """The CEM-RL functions and jitted generation of one config: the program
+    :mod:`~metarl.population.stepped_run` runs, one generation per step."""
+
+    def __init__(self, config: MethodExperimentConfig, mesh=None):
+        del mesh  # one shared critic and buffer: the population trains on one device
+        self.config = config
+        try:
+            self.run = make_cem_rl(config.method)
+        except ValueError as error:
+            raise ConfigError(str(error).removeprefix("cem_rl.")) from None
+        self.steps = config.method.generations
+        self.hypers = self.run.hyperparams()
+        self.generation = self.run.jit_generation()
+
+    def init(self) -> CEMRLState:
+        return jax.jit(self.run.init)(jax.random.PRNGKey(self.config.run.seed))
+
+    @staticmethod
+    def completed(state: CEMRLState) -> int:
+        return int(state.cem.generation)
+
+    def step(self, state: CEMRLState) -> tuple[CEMRLState, dict[str, Any]]:
+        state, metrics = self.generation(state, self.hypers)
+        return state, generation_record(metrics, self.config.method.num_elites)
+
+    def summary(self, generation: int, record: dict[str, Any], seconds: float,
+                history: list[dict[str, Any]]) -> dict[str, Any]:
+        """The ``metrics.jsonl`` line of ``generation``: the record of
+        :func:`~metarl.population.cem_rl.generation_record` with the median fitness, the
+        best mean-actor return so far, validity and throughput."""
+        so_far = history[-1]["best_return_so_far"] if history else -np.inf
+        steps = self.run.steps_per_generation
+        return {
+            STEP_KEY: generation,
+            **record,
+            "median_fitness": finite_stat(np.median, record["fitness"]),
+            "best_return_so_far": float(np.nanmax([so_far, record["mean_return"]])),
+            "agent_steps": record["env_steps"],
+            "finite": [bool(np.isfinite(f)) for f in record["fitness"]],
+            "seconds": seconds,
+            "agent_steps_per_second": steps / seconds if seconds > 0 else None,
+        }
+
+    @staticmethod
+    def postfix(line: dict[str, Any]) -> dict[str, str]:
+        rate = line["agent_steps_per_second"]
+        return {"best": f"{line['best_fitness']:.4g}", "median": f"{line['median_fitness']:.4g}",
+                "mean_actor": f"{line['mean_return']:.4g}",
+                "steps_per_s": f"{rate:.3g}" if rate else "-"}
+
+
+@dataclass
+class CEMRLRunResult(SteppedRun):
+    """A CEM-RL run (:class:`~metarl.population.stepped_run.SteppedRun`); ``state`` is a
+    :class:`~metarl.population.cem_rl.CEMRLState`."""
+
+    @property
+    def mean_actor(self) -> Any:
+        """The actor at the search distribution's mean: the run's result."""
+        return self.program.run.mean_actor(self.state)
+
+
+def start_cem_rl(config: MethodExperimentConfig, run_dir: str | Path | None = None
+                 ) -> CEMRLRunResult:
+    """Start a new cem_rl run of ``config`` in ``run_dir`` (a fresh directory by default)."""
+    return stepped_run.start_run(RUN_KIND, config, run_dir)
+
+
+def resume_cem_rl(run_dir: str | Path, accept_config_change: bool = False) -> CEMRLRunResult:
+    """Continue a cem_rl run from its newest usable checkpoint."""
+    return stepped_run.resume_run(RUN_KIND, run_dir, accept_config_change)
+
+
+def load_cem_rl_run(run_dir: str | Path) -> CEMRLRunResult:
+    """Read a cem_rl run back without running or changing anything."""
+    return stepped_run.load_run(RUN_KIND, run_dir)
+
+
+def plot_cem_rl_run(run_dir: str | Path) -> list[Path]:
+    """Write ``plots/cem_rl.png`` (fitness over generations; RL against CEM actors)."""
+    from metarl.population.plots import plot_cem_rl
+
+    run_dir = Path(run_dir)
+    config = RUN_KIND.read_config(run_dir)
+    history = read_metrics(run_dir)
+    if not history:
+        raise RunError(f"{run_dir} has no finished generation yet (metrics.jsonl is empty)")
+    out = run_dir / PLOTS_DIR
+    out.mkdir(exist_ok=True)
+    method = config.method
+    fig = plot_cem_rl(history, title=(
+        f"{config.name}: CEM-RL, {method.population_size} TD3 actors "
+        f"({method.num_rl_actors} RL) on {method.inner.env_id}"))
+    path = out / "cem_rl.png"
+    fig.savefig(path, dpi=110)
+    return [path]
+
+
+def evaluate_cem_rl_run(run_dir: str | Path, eval_seed: int = 10_007, rerun: bool = False,
+                        episodes: int | None = None) -> dict[str, Any]:
+    """Play the final mean actor's deterministic episodes (``inner.eval_episodes`` by
+    default); saved as ``evaluations/<n>.json`` and reused when made before."""
+    run_dir = Path(run_dir)
+    run = load_cem_rl_run(run_dir)
+    episodes = episodes or run.config.inner.eval_episodes
+    last = run.history[-1]
+    generation = int(last[STEP_KEY])
+    spec = {"kind": KIND, STEP_KEY: generation, "eval_seed": eval_seed,
+            "episodes": episodes, "checkpoint_digest": digest(last["fitness"], generation)}
+
+    def compute() -> dict[str, Any]:
+        keys = jax.random.split(jax.random.PRNGKey(eval_seed), episodes)
+        evaluate = jax.jit(jax.vmap(lambda key: run.program.run.parts.evaluate(
+            run.mean_actor, key, 1)))
+        returns = [float(r) for r in np.asarray(evaluate(keys))]
+        return {"kind": KIND, "method": "deterministic", STEP_KEY: generation,
+                "eval_seed": eval_seed, "episodes": episodes, "env_steps": last["env_steps"],
+                "mean": finite_stat(np.mean, returns),
+                "median": finite_stat(np.median, returns),
+                "returns": returns, "last_generation_fitness": last["fitness"]}
+
+    return saved_evaluation(run_dir, spec, compute, rerun)
+
+
+def format_cem_rl_evaluation(report: dict[str, Any]) -> str:
+    returns = np.asarray(report["returns"], np.float64)
+    return (f"mean actor after generation {report[STEP_KEY]} "
+            f"({report['env_steps']:,} environment steps): {report['episodes']} deterministic "
+            f"episodes, mean return {report['mean']:.2f} (min {np.nanmin(returns):.2f}, "
+            f"max {np.nanmax(returns):.2f})")
+
+
+def describe_cem_rl_run(result: CEMRLRunResult) -> str:
+    text = f"run directory: {result.run_dir}"
+    if result.history:
+        last = result.history[-1]
+        text += (f"\ngenerations: {last[STEP_KEY]}  environment steps: "
+                 f"{last['env_steps']:,}  mean actor's return: {last['mean_return']:.4g}  "
+                 f"last generation's fitness: best {last['best_fitness']:.4g}, elites "
+                 f"{last['elite_fitness']:.4g}")
+    return text
+
+
+RUN_KIND = SteppedKind(
+    name=KIND, step_key=STEP_KEY, from_dict=cem_rl_config_from_dict, build=CEMRLProgram,
+    result=CEMRLRunResult, plot=plot_cem_rl_run, evaluate=evaluate_cem_rl_run,
+    format_evaluation=format_cem_rl_evaluation, describe=describe_cem_rl_run,
+    score_key="mean_return", invalid="no actor had a finite fitness",
+    advice="Check the [inner] learning rates and cem_rl.max_grad_norm")

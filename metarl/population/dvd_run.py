@@ -1,0 +1,208 @@
+"""Run kind "dvd": DvD-TD3 (:mod:`.dvd`) from an experiment file, in a run directory.
+
+.. code-block:: toml
+
+    kind = "dvd"
+    name = "dvd_td3_pendulum"
+    [inner]            # TD3's settings per member: environments, budget, networks, ...
+    env_id = "Pendulum-v1"
+    total_timesteps = 20000
+    [dvd]              # DvDConfig: population, segment length, weight schedule, kernel
+    population_size = 5
+    weight_schedule = "bandit"
+    [run]              # seed, checkpoint_every (segments), keep_checkpoints, ...
+
+One step of the run is one segment of ``dvd.segment_updates`` updates (one jitted call;
+the bandit plays one arm per segment); ``metrics.jsonl`` has a line per segment (every
+member's return, the population's diversity, the weight and the bandit's arm, skipped
+non-finite steps), each checkpoint the whole state (actors, shared critic and buffer,
+environments, bandit, key), so a resumed run equals the uninterrupted one. A segment
+after which some parameter is not finite is invalid (``run.max_invalid_generations``;
+non-finite steps are skipped, so this should not happen). ``metarl evaluate`` plays every
+final member's deterministic episodes; ``metarl plot`` draws diversity, returns and the
+weight over training.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+
+from metarl.config import ConfigError
+from metarl.population import stepped_run
+from metarl.population.dvd import DvDConfig, DvDState, make_dvd, segment_record
+from metarl.population.method_config import MethodExperimentConfig, method_config_from_dict
+from metarl.population.stepped_run import (
+    SteppedKind,
+    SteppedRun,
+    digest,
+    finite_stat,
+    saved_evaluation,
+)
+from metarl.runs.layout import PLOTS_DIR, RunError, read_metrics
+
+KIND = "dvd"
+STEP_KEY = "segment"
+
+
+def dvd_config_from_dict(data: dict[str, Any]) -> MethodExperimentConfig:
+    """Build and validate a ``dvd`` experiment from plain data."""
+    return method_config_from_dict(KIND, DvDConfig, data)
+
+
+class DvDProgram:
+    """The DvD functions and jitted segment of one config: the program
+    :mod:`~metarl.population.stepped_run` runs, one segment per step."""
+
+    def __init__(self, config: MethodExperimentConfig, mesh=None):
+        del mesh  # one shared critic and buffer: the population trains on one device
+        self.config = config
+        try:
+            self.run = make_dvd(config.method)
+        except ValueError as error:
+            raise ConfigError(str(error).removeprefix("dvd.")) from None
+        self.steps = config.method.num_segments
+        self.hypers = self.run.hyperparams()
+        self.segment = self.run.jit_segment()
+        self.steps_per_segment = config.method.segment_updates * self.run.steps_per_update
+
+    def init(self) -> DvDState:
+        return jax.jit(self.run.init)(jax.random.PRNGKey(self.config.run.seed))
+
+    def completed(self, state: DvDState) -> int:
+        return int(state.update_count) // self.config.method.segment_updates
+
+    def step(self, state: DvDState) -> tuple[DvDState, dict[str, Any]]:
+        state, metrics = self.segment(state, self.hypers)
+        return state, segment_record(metrics)
+
+    def summary(self, segment: int, record: dict[str, Any], seconds: float,
+                history: list[dict[str, Any]]) -> dict[str, Any]:
+        """The ``metrics.jsonl`` line of ``segment``: the record of
+        :func:`~metarl.population.dvd.segment_record` with the median return, the best
+        return so far and throughput (``finite`` is the record's: every parameter is
+        finite)."""
+        so_far = history[-1]["best_return_so_far"] if history else -np.inf
+        return {
+            STEP_KEY: segment,
+            **record,
+            "median_return": finite_stat(np.median, record["returns"]),
+            "best_return_so_far": float(np.nanmax([so_far, record["best_return"]])),
+            "agent_steps": record["env_steps"],
+            "seconds": seconds,
+            "agent_steps_per_second": self.steps_per_segment / seconds if seconds > 0
+            else None,
+        }
+
+    @staticmethod
+    def postfix(line: dict[str, Any]) -> dict[str, str]:
+        rate = line["agent_steps_per_second"]
+        return {"best": f"{line['best_return']:.4g}", "median": f"{line['median_return']:.4g}",
+                "diversity": f"{line['diversity']:.3g}", "weight": f"{line['weight']:.3g}",
+                "steps_per_s": f"{rate:.3g}" if rate else "-"}
+
+
+@dataclass
+class DvDRunResult(SteppedRun):
+    """A DvD run (:class:`~metarl.population.stepped_run.SteppedRun`); ``state`` is a
+    :class:`~metarl.population.dvd.DvDState`."""
+
+
+def start_dvd(config: MethodExperimentConfig, run_dir: str | Path | None = None
+              ) -> DvDRunResult:
+    """Start a new dvd run of ``config`` in ``run_dir`` (a fresh directory by default)."""
+    return stepped_run.start_run(RUN_KIND, config, run_dir)
+
+
+def resume_dvd(run_dir: str | Path, accept_config_change: bool = False) -> DvDRunResult:
+    """Continue a dvd run from its newest usable checkpoint."""
+    return stepped_run.resume_run(RUN_KIND, run_dir, accept_config_change)
+
+
+def load_dvd_run(run_dir: str | Path) -> DvDRunResult:
+    """Read a dvd run back without running or changing anything."""
+    return stepped_run.load_run(RUN_KIND, run_dir)
+
+
+def plot_dvd_run(run_dir: str | Path) -> list[Path]:
+    """Write ``plots/dvd.png`` (diversity, every member's return, the weight)."""
+    from metarl.population.plots import plot_dvd
+
+    run_dir = Path(run_dir)
+    config = RUN_KIND.read_config(run_dir)
+    history = read_metrics(run_dir)
+    if not history:
+        raise RunError(f"{run_dir} has no finished segment yet (metrics.jsonl is empty)")
+    out = run_dir / PLOTS_DIR
+    out.mkdir(exist_ok=True)
+    method = config.method
+    fig = plot_dvd(history, title=(
+        f"{config.name}: DvD, {method.population_size} TD3 actors on {method.inner.env_id}, "
+        f"weight {method.weight_schedule}"))
+    path = out / "dvd.png"
+    fig.savefig(path, dpi=110)
+    return [path]
+
+
+def evaluate_dvd_run(run_dir: str | Path, eval_seed: int = 10_007, rerun: bool = False
+                     ) -> dict[str, Any]:
+    """Play every final member's deterministic episodes (``inner.eval_episodes``); saved as
+    ``evaluations/<n>.json`` and reused when made before. The report also has the final
+    population's diversity (log-det over its actions)."""
+    run_dir = Path(run_dir)
+    run = load_dvd_run(run_dir)
+    last = run.history[-1]
+    segment = int(last[STEP_KEY])
+    spec = {"kind": KIND, STEP_KEY: segment, "eval_seed": eval_seed,
+            "checkpoint_digest": digest(last["returns"], segment)}
+
+    def compute() -> dict[str, Any]:
+        returns = np.asarray(jax.jit(run.program.run.evaluate)(
+            run.state, jax.random.PRNGKey(eval_seed)))
+        scores = [float(r) for r in returns]
+        return {"kind": KIND, "method": "deterministic", STEP_KEY: segment,
+                "eval_seed": eval_seed, "episodes": run.config.inner.eval_episodes,
+                "env_steps": last["env_steps"], "diversity": last["diversity"],
+                "best_member": int(np.nanargmax(np.where(np.isfinite(returns), returns,
+                                                         -np.inf))),
+                "mean": finite_stat(np.mean, scores),
+                "median": finite_stat(np.median, scores),
+                "members": [{"member": m, "return": score,
+                             "training_return": last["returns"][m]}
+                            for m, score in enumerate(scores)]}
+
+    return saved_evaluation(run_dir, spec, compute, rerun)
+
+
+def format_dvd_evaluation(report: dict[str, Any]) -> str:
+    rows = [f"final population after segment {report[STEP_KEY]} "
+            f"({report['env_steps']:,} environment steps), diversity (log-det) "
+            f"{report['diversity']:.3g}; {report['episodes']} deterministic episodes each:",
+            "member  return    training return"]
+    for member in sorted(report["members"], key=lambda m: -np.nan_to_num(m["return"],
+                                                                         nan=-np.inf)):
+        rows.append(f"{member['member']:<7} {member['return']:<9.2f} "
+                    f"{member['training_return']:.2f}")
+    return "\n".join(rows)
+
+
+def describe_dvd_run(result: DvDRunResult) -> str:
+    text = f"run directory: {result.run_dir}"
+    if result.history:
+        last = result.history[-1]
+        text += (f"\nsegments: {last[STEP_KEY]}  environment steps: {last['env_steps']:,}  "
+                 f"last segment's returns: best {last['best_return']:.4g}, median "
+                 f"{last['median_return']:.4g}  diversity: {last['diversity']:.3g}")
+    return text
+
+
+RUN_KIND = SteppedKind(
+    name=KIND, step_key=STEP_KEY, from_dict=dvd_config_from_dict, build=DvDProgram,
+    result=DvDRunResult, plot=plot_dvd_run, evaluate=evaluate_dvd_run,
+    format_evaluation=format_dvd_evaluation, describe=describe_dvd_run,
+    invalid="some parameter of the population was not finite",
+    advice="Check the [inner] learning rates, dvd.jitter and dvd.max_grad_norm")

@@ -1,0 +1,110 @@
+"""Experiment files of the run kinds over a population of TD3 actors sharing one critic:
+``cem_rl`` (:mod:`.cem_rl_run`) and ``dvd`` (:mod:`.dvd_run`).
+
+Such a file has four parts; the method's table is named after the kind:
+
+.. code-block:: toml
+
+    kind = "cem_rl"              # or "dvd"
+    name = "cem_rl_pendulum"
+    [inner]                      # TD3's settings (algorithm "td3", the only one allowed)
+    env_id = "Pendulum-v1"
+    [cem_rl]                     # CEMRLConfig's fields but inner ([dvd]: DvDConfig's)
+    population_size = 10
+    [run]                        # RunConfig: seed, checkpoint_every, keep_checkpoints, ...
+
+``run.chunk_size`` and ``run.shard`` do not apply: the actors share one critic and one
+replay buffer, and the whole population trains as one program on one device.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from metarl.config import ConfigError, RunConfig, _build, _build_inner, _plain, inner_to_dict
+
+
+@dataclass(frozen=True)
+class MethodExperimentConfig:
+    """An experiment of a population method over TD3 actors.
+
+    Attributes:
+        kind: ``"cem_rl"`` or ``"dvd"``.
+        method: the method's config (:class:`~metarl.population.cem_rl.CEMRLConfig` or
+            :class:`~metarl.population.dvd.DvDConfig`), holding the TD3 settings as
+            ``inner``.
+        name: used for the run directory.
+        description: free text.
+        run: see :class:`~metarl.config.RunConfig`; ``checkpoint_every`` counts the kind's
+            steps (generations or segments), ``max_invalid_generations`` stops the run
+            after that many steps in a row in which no member stayed valid.
+    """
+
+    kind: str
+    method: Any
+    name: str = ""
+    description: str = ""
+    run: RunConfig = field(default_factory=RunConfig)
+
+    def __post_init__(self):
+        if not self.name:
+            object.__setattr__(self, "name", self.kind)
+
+    @property
+    def inner(self):
+        """The TD3 settings."""
+        return self.method.inner
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-JSON form that :func:`method_config_from_dict` reads back to an equal
+        config."""
+        method = {f.name: getattr(self.method, f.name)
+                  for f in dataclasses.fields(self.method) if f.name != "inner"}
+        return _plain({"kind": self.kind, "name": self.name, "description": self.description,
+                       "inner": inner_to_dict(self.method.inner), self.kind: method,
+                       "run": dataclasses.asdict(self.run)})
+
+    def replace(self, **changes) -> MethodExperimentConfig:
+        return dataclasses.replace(self, **changes)
+
+
+def method_config_from_dict(kind: str, method_class: type, data: dict[str, Any]
+                            ) -> MethodExperimentConfig:
+    """Build and validate the experiment of ``kind`` from plain data (``kind`` is optional
+    in ``data``; if present it must be ``kind``). Errors name the field's path in the file."""
+    data = dict(data)
+    given = data.pop("kind", kind)
+    if given != kind:
+        raise ConfigError(f"kind: expected {kind!r} here, got {given!r}")
+    for name in ("es", "fitness", "objective", "pbt", *({"cem_rl", "dvd"} - {kind})):
+        if name in data:
+            raise ConfigError(f"{name}: a {kind} experiment has no [{name}] table (it has "
+                              f"[inner], [{kind}] and [run])")
+    inner = data.pop("inner", {})
+    if isinstance(inner, list):
+        if len(inner) != 1:
+            raise ConfigError(f"inner: a {kind} experiment trains TD3 actors on one "
+                              f"environment; got {len(inner)} [[inner]] tables")
+        inner = inner[0]
+    if not isinstance(inner, dict):
+        raise ConfigError(f"inner: expected a table, got {inner!r}")
+    inner = _build_inner({"algorithm": "td3", **inner}, "inner")
+    table = data.pop(kind, {})
+    if not isinstance(table, dict):
+        raise ConfigError(f"{kind}: expected a table, got {table!r}")
+    if "inner" in table:
+        raise ConfigError(f"{kind}.inner: TD3's settings go in the top-level [inner] table")
+    try:
+        method = _build(method_class, {**table, "inner": inner}, kind)
+    except ConfigError as error:  # the method's own messages already start with its kind
+        text = str(error).replace(f"{kind}.{kind}.", f"{kind}.")
+        raise ConfigError(text.replace(f"{kind}.inner", "inner")) from None
+    run = _build(RunConfig, data.pop("run", {}), "run")
+    unknown = sorted(set(data) - {"name", "description"})
+    if unknown:
+        raise ConfigError(f"{unknown[0]}: unknown field; allowed: kind, name, description, "
+                          f"inner, {kind}, run")
+    return _build(MethodExperimentConfig, {**data, "kind": kind, "method": method, "run": run},
+                  "")
