@@ -8,9 +8,28 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from inner_loops import make_learner
+
 # bfloat16 keeps 8 bits of mantissa (a relative rounding of 2^-9 per operand); products
 # of a few dozen terms and a float32 accumulation stay well within 1 %.
 BFLOAT16_RTOL = 1e-2
+
+
+def train_briefly(config, jit) -> tuple:
+    """An agent of ``config`` trained over its whole budget in one program compiled by
+    ``jit``: ``(learner, state, metrics)``, the metrics on the host."""
+    learner = make_learner(config)
+    state, metrics = jit(lambda key: learner.advance(learner.init(key)))(jax.random.PRNGKey(2))
+    return learner, state, jax.device_get(metrics)
+
+
+def assert_learned_in_float32(learning, metrics, loss: str) -> None:
+    """Finite metrics, a positive ``loss`` in every update that took gradient steps, and a
+    float32 ``learning`` state (parameters, targets, optimiser states)."""
+    assert metrics["finite"].all()
+    assert metrics["learning"].any()
+    assert np.all(metrics[loss][metrics["learning"]] > 0)
+    assert_float32_state(learning)
 
 
 def assert_float32_state(tree) -> None:

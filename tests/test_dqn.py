@@ -33,7 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
-from _precision import assert_close_to_float32, assert_float32_state
+from _precision import assert_close_to_float32, assert_learned_in_float32, train_briefly
 
 from inner_loops import make_learner, stack_hyperparams, train_population
 from inner_loops.dqn import DQNConfig, epsilon_at, make_q_network
@@ -310,16 +310,13 @@ BFLOAT16 = TINY.replace(hidden_sizes=(16, 16), precision="bfloat16")
 
 @pytest.fixture(scope="module")
 def bfloat16_trained():
-    learner = make_learner(BFLOAT16)
-    state, metrics = jit(lambda key: learner.advance(learner.init(key)))(jax.random.PRNGKey(2))
-    return learner, state, jax.device_get(metrics)
+    return train_briefly(BFLOAT16, jit)
 
 
 def test_bfloat16_trains_with_float32_parameters(bfloat16_trained):
     _, state, metrics = bfloat16_trained
-    assert metrics["finite"].all()
-    assert np.all(metrics["td_loss"][3:] > 0)  # the updates after the warm-up learned
-    assert_float32_state((state.params, state.target_params, state.opt_state))
+    assert_learned_in_float32((state.params, state.target_params, state.opt_state), metrics,
+                              "td_loss")
 
 
 def test_bfloat16_q_values_are_close_to_float32s(bfloat16_trained):
