@@ -5,6 +5,9 @@
 - :class:`ActionScale`: networks act in the unit box ``[-1, 1]^A``; the environment gets
   ``low + (u + 1) (high - low) / 2``, and stored actions are mapped back before a critic
   sees them, so the learners work unchanged on Pendulum's ``[-2, 2]`` and brax's ``[-1, 1]``.
+- :func:`make_networks`: an actor and a critic module with the config's widths,
+  activation and ``precision`` (the operands of their matrix products, float32 or
+  bfloat16; see :mod:`inner_loops.linear`), shared by the networks and their targets.
 - Twin critics: two :class:`~inner_loops.networks.QNetwork` s with their parameters stacked
   on a leading axis of 2 (:func:`init_twin_critic`, :func:`twin_q`), evaluated in one
   batched product; targets take their minimum (clipped double Q-learning).
@@ -30,6 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar, NamedTuple
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -39,6 +43,7 @@ from flax import struct
 from inner_loops import networks, off_policy, replay
 from inner_loops.envs import EnvParamPairs, EnvSpec, VecEnv, env_param_pairs, make_vec_env
 from inner_loops.learner import Learner
+from inner_loops.linear import PRECISIONS
 from inner_loops.objective import LossInputs, LossTerm, Objective, huber, squared_error
 from inner_loops.validation import (
     check_choice,
@@ -87,6 +92,10 @@ class ContinuousControlConfig(off_policy.UpdateSchedule):
         td_loss: the critics' default ``"value"`` slot: ``"l2"`` (``0.5 x^2``) or
             ``"huber"`` (threshold 1).
         actor_hidden_sizes, critic_hidden_sizes, activation: the MLPs.
+        precision: operands of every network's matrix products (actor, twin critics and
+            their targets), ``"float32"`` or ``"bfloat16"`` (float32 results; parameters,
+            optimiser states, replay buffer and losses stay float32); see
+            :mod:`inner_loops.linear`.
         eval_episodes: episodes of :meth:`~inner_loops.learner.Learner.evaluate`.
         eval_max_steps: their step limit (default: the environment's time limit).
         actor_learning_rate, critic_learning_rate, gamma, tau: defaults of the traced
@@ -107,6 +116,7 @@ class ContinuousControlConfig(off_policy.UpdateSchedule):
     actor_hidden_sizes: tuple[int, ...] = (64, 64)
     critic_hidden_sizes: tuple[int, ...] = (64, 64)
     activation: str = "relu"
+    precision: str = "float32"
     eval_episodes: int = 10
     eval_max_steps: int | None = None
     actor_learning_rate: float = 1e-3
@@ -130,6 +140,7 @@ class ContinuousControlConfig(off_policy.UpdateSchedule):
             check_positive_int("eval_max_steps", self.eval_max_steps)
         check_choice("td_loss", self.td_loss, TD_LOSSES)
         check_choice("activation", self.activation, networks.ACTIVATIONS)
+        check_choice("precision", self.precision, PRECISIONS)
         self.check_schedule()
         check_in_range("gamma", self.gamma, 0.0, 1.0)
         check_in_range("tau", self.tau, 0.0, 1.0, low_open=True)
@@ -180,6 +191,21 @@ def check_continuous(spec: EnvSpec, env_id: str, algorithm: str) -> None:
     if not (np.all(np.isfinite(spec.action_low)) and np.all(np.isfinite(spec.action_high))):
         raise ValueError(f"env_id: {algorithm} needs bounded actions but {env_id} has bounds "
                          f"{spec.action_low} .. {spec.action_high}")
+
+
+# -------------------------------------------------------------------------- networks
+
+
+def make_networks(config: ContinuousControlConfig, actor_class: type[nn.Module],
+                  obs_ndim: int, action_dim: int) -> tuple[nn.Module, networks.QNetwork]:
+    """The algorithm's actor (an ``actor_class`` module) and (one) critic module, with the
+    widths, activation and precision of ``config``; target networks apply the same modules
+    to their own parameters."""
+    actor = actor_class(action_dim, obs_ndim, config.actor_hidden_sizes, config.activation,
+                        config.precision)
+    critic = networks.QNetwork(obs_ndim, config.critic_hidden_sizes, config.activation,
+                               config.precision)
+    return actor, critic
 
 
 # --------------------------------------------------------------------------- critics

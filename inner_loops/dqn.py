@@ -37,6 +37,7 @@ from flax import struct
 from inner_loops import networks, off_policy, replay
 from inner_loops.envs import EnvParamPairs, EnvSpec, env_param_pairs, make_vec_env
 from inner_loops.learner import Learner
+from inner_loops.linear import PRECISIONS
 from inner_loops.objective import LossInputs, Objective, huber, squared_error
 from inner_loops.registry import register_algorithm
 from inner_loops.validation import (
@@ -90,6 +91,9 @@ class DQNConfig(off_policy.UpdateSchedule):
         td_loss: the default ``"value"`` slot: ``"l2"`` (``0.5 x^2``) or ``"huber"``
             (threshold 1).
         hidden_sizes, activation: the Q-network MLP.
+        precision: operands of the Q-network's matrix products (online and target),
+            ``"float32"`` or ``"bfloat16"`` (float32 results; parameters, optimiser state,
+            replay buffer and losses stay float32); see :mod:`inner_loops.linear`.
         eval_episodes: episodes of :meth:`~inner_loops.learner.Learner.evaluate`.
         eval_max_steps: their step limit (default: the environment's time limit).
         learning_rate, gamma, tau, epsilon_start, epsilon_end, exploration_fraction,
@@ -111,6 +115,7 @@ class DQNConfig(off_policy.UpdateSchedule):
     td_loss: str = "l2"
     hidden_sizes: tuple[int, ...] = (128, 128)
     activation: str = "relu"
+    precision: str = "float32"
     eval_episodes: int = 10
     eval_max_steps: int | None = None
     learning_rate: float = 5e-4
@@ -136,6 +141,7 @@ class DQNConfig(off_policy.UpdateSchedule):
                 raise ValueError(f"{name}: expected true or false, got {getattr(self, name)!r}")
         check_choice("td_loss", self.td_loss, TD_LOSSES)
         check_choice("activation", self.activation, networks.ACTIVATIONS)
+        check_choice("precision", self.precision, PRECISIONS)
         self.check_schedule()
         for name in ("gamma", "epsilon_start", "epsilon_end", "exploration_fraction"):
             check_in_range(name, getattr(self, name), 0.0, 1.0)
@@ -195,25 +201,26 @@ class DQNState:
 
 class QNetwork(nn.Module):
     """``obs [..., *obs_shape] -> Q [..., num_actions]``: an MLP over the flattened
-    observation (its last ``obs_ndim`` axes)."""
+    observation (its last ``obs_ndim`` axes), its products in ``precision``."""
 
     num_actions: int
     obs_ndim: int
     hidden_sizes: tuple[int, ...]
     activation: str
+    precision: str = "float32"
 
     @nn.compact
     def __call__(self, obs: jax.Array) -> jax.Array:
-        batch_shape = obs.shape[: obs.ndim - self.obs_ndim]
-        mlp = networks.MLP(self.hidden_sizes, self.num_actions, 1.0, self.activation)
-        return mlp(obs.reshape(*batch_shape, -1))
+        mlp = networks.MLP(self.hidden_sizes, self.num_actions, 1.0, self.activation,
+                           self.precision)
+        return mlp(networks.flatten_obs(obs, self.obs_ndim))
 
 
 def make_q_network(config: DQNConfig, spec: EnvSpec) -> QNetwork:
     """The Q-network of ``config`` for environment ``spec``: ``network.apply(state.params,
     obs [..., *obs_shape]) -> Q [..., num_actions]``."""
     return QNetwork(spec.action_dim, len(spec.obs_shape), config.hidden_sizes,
-                    config.activation)
+                    config.activation, config.precision)
 
 
 def epsilon_at(update_count: jax.Array, hypers: Hyperparams, config: DQNConfig) -> jax.Array:

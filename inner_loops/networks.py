@@ -10,6 +10,9 @@ module: a deterministic tanh actor, a tanh-squashed Gaussian actor with its log-
 correction, and a Q-network over an observation and an action. They all work in the *unit*
 action box ``[-1, 1]^A``; :mod:`inner_loops.continuous_control` maps it to the
 environment's bounds.
+
+Every network takes a ``precision`` (one of :data:`~inner_loops.linear.PRECISIONS`) for
+the operands of its matrix products; parameters and outputs are float32 either way.
 """
 
 from __future__ import annotations
@@ -159,10 +162,11 @@ class DeterministicActor(nn.Module):
     obs_ndim: int
     hidden_sizes: Sequence[int] = (256, 256)
     activation: str = "relu"
+    precision: str = "float32"
 
     @nn.compact
     def __call__(self, obs: jax.Array) -> jax.Array:
-        mlp = MLP(self.hidden_sizes, self.action_dim, 0.01, self.activation)
+        mlp = MLP(self.hidden_sizes, self.action_dim, 0.01, self.activation, self.precision)
         return jnp.tanh(mlp(flatten_obs(obs, self.obs_ndim)))
 
 
@@ -175,11 +179,12 @@ class SquashedGaussianActor(nn.Module):
     obs_ndim: int
     hidden_sizes: Sequence[int] = (256, 256)
     activation: str = "relu"
+    precision: str = "float32"
 
     @nn.compact
     def __call__(self, obs: jax.Array) -> tuple[jax.Array, jax.Array]:
-        out = MLP(self.hidden_sizes, 2 * self.action_dim, 0.01, self.activation)(
-            flatten_obs(obs, self.obs_ndim))
+        out = MLP(self.hidden_sizes, 2 * self.action_dim, 0.01, self.activation,
+                  self.precision)(flatten_obs(obs, self.obs_ndim))
         mean, raw_log_std = jnp.split(out, 2, axis=-1)
         log_std = LOG_STD_MIN + 0.5 * (LOG_STD_MAX - LOG_STD_MIN) * (jnp.tanh(raw_log_std) + 1)
         return mean, log_std
@@ -192,11 +197,12 @@ class QNetwork(nn.Module):
     obs_ndim: int
     hidden_sizes: Sequence[int] = (256, 256)
     activation: str = "relu"
+    precision: str = "float32"
 
     @nn.compact
     def __call__(self, obs: jax.Array, action: jax.Array) -> jax.Array:
         x = jnp.concatenate([flatten_obs(obs, self.obs_ndim), action], axis=-1)
-        return MLP(self.hidden_sizes, 1, 1.0, self.activation)(x)[..., 0]
+        return MLP(self.hidden_sizes, 1, 1.0, self.activation, self.precision)(x)[..., 0]
 
 
 def squashed_gaussian(mean: jax.Array, log_std: jax.Array, noise: jax.Array,

@@ -37,7 +37,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from inner_loops import off_policy, replay
+from inner_loops import continuous_control, off_policy, replay
 from inner_loops.continuous_control import (
     ADAM,
     ActionScale,
@@ -117,9 +117,7 @@ class SACNets:
 def make_networks(config: SACConfig, obs_ndim: int, action_dim: int,
                   ) -> tuple[SquashedGaussianActor, QNetwork]:
     """SAC's actor and (one) critic module."""
-    return (SquashedGaussianActor(action_dim, obs_ndim, config.actor_hidden_sizes,
-                                  config.activation),
-            QNetwork(obs_ndim, config.critic_hidden_sizes, config.activation))
+    return continuous_control.make_networks(config, SquashedGaussianActor, obs_ndim, action_dim)
 
 
 def build(config: SACConfig, objective: Objective | None = None) -> Learner:

@@ -34,7 +34,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from inner_loops import off_policy, replay
+from inner_loops import continuous_control, off_policy, replay
 from inner_loops.continuous_control import (
     ADAM,
     ActionScale,
@@ -124,9 +124,7 @@ class TD3Nets:
 def make_networks(config: TD3Config, obs_ndim: int, action_dim: int,
                   ) -> tuple[DeterministicActor, QNetwork]:
     """TD3's actor and (one) critic module."""
-    return (DeterministicActor(action_dim, obs_ndim, config.actor_hidden_sizes,
-                               config.activation),
-            QNetwork(obs_ndim, config.critic_hidden_sizes, config.activation))
+    return continuous_control.make_networks(config, DeterministicActor, obs_ndim, action_dim)
 
 
 def build(config: TD3Config, objective: Objective | None = None) -> Learner:

@@ -10,6 +10,9 @@
   trained in chunks equals one vmap; a state saved with orbax mid-training and restored
   continues as the uninterrupted run; the warm-up, epsilon and target-update schedules
   follow the update counter. (Sharded over 4 devices: ``tests/test_sharding.py``.)
+- Mixed precision: with ``precision = "bfloat16"`` a tiny agent trains with finite metrics
+  and float32 parameters, and its Q-values are within 1 % of float32's on the same
+  parameters.
 - Learned losses: an objective filling only the ``"value"`` slot trains DQN, from an
   experiment table too (``[inner] algorithm = "dqn"``) through a generation of evolution.
 - Bad input, from a config or an experiment table: each a ``ValueError`` naming the field
@@ -30,6 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
+from _precision import assert_close_to_float32, assert_learned_in_float32, train_briefly
 
 from inner_loops import make_learner, stack_hyperparams, train_population
 from inner_loops.dqn import DQNConfig, epsilon_at, make_q_network
@@ -298,6 +302,34 @@ def test_evaluate_runs_greedy_episodes(tiny):
     assert 1.0 <= evaluation["eval_return"] <= 20.0
 
 
+# ------------------------------------------------------------------- mixed precision
+
+# hidden layers wider than linear.SMALL_WIDTH, so the 16x16 product takes bfloat16 operands
+BFLOAT16 = TINY.replace(hidden_sizes=(16, 16), precision="bfloat16")
+
+
+@pytest.fixture(scope="module")
+def bfloat16_trained():
+    return train_briefly(BFLOAT16, jit)
+
+
+def test_bfloat16_trains_with_float32_parameters(bfloat16_trained):
+    _, state, metrics = bfloat16_trained
+    assert_learned_in_float32((state.params, state.target_params, state.opt_state), metrics,
+                              "td_loss")
+
+
+def test_bfloat16_q_values_are_close_to_float32s(bfloat16_trained):
+    """The online network's Q-values over the replay buffer's observations, with bfloat16
+    operands and in float32, on the same trained parameters."""
+    learner, state, _ = bfloat16_trained
+    obs = state.buffer.storage.obs
+    q = {precision: jit(make_q_network(BFLOAT16.replace(precision=precision), learner.spec)
+                        .apply)(state.params, obs) for precision in ("bfloat16", "float32")}
+    assert q["float32"].shape == (BFLOAT16.buffer_size, 2)
+    assert_close_to_float32(q["bfloat16"], q["float32"])
+
+
 # ------------------------------------------------------------------- learned losses
 
 
@@ -376,6 +408,7 @@ BAD_CONFIGS = [
     ({"total_timesteps": 200}, "total_timesteps", ["num_envs * train_frequency = 256"]),
     ({"td_loss": "l1"}, "td_loss", ["l2", "huber"]),
     ({"activation": "gelu"}, "activation", ["tanh", "relu"]),
+    ({"precision": "float16"}, "precision", ["'float16'", "float32", "bfloat16"]),
     ({"tau": 0.0}, "tau", ["(0, 1]"]),
     ({"gamma": 1.5}, "gamma", ["[0, 1]"]),
     ({"epsilon_end": -0.1}, "epsilon_end", ["[0, 1]"]),
@@ -419,6 +452,8 @@ BAD_TABLES = [
     ({"inner": {"learning_starts": 63}},
      "inner.learning_starts: 63 is less than one batch (batch_size = 64)"),
     ({"inner": {"num_steps": 128}}, "inner.num_steps: unknown field"),
+    ({"inner": {"precision": "fp16"}},
+     "inner.precision: got 'fp16'; allowed: float32, bfloat16"),
 ]
 
 

@@ -14,6 +14,9 @@ share, :mod:`inner_loops.continuous_control`).
   trained one by one in segments; chunked equals unchunked; a population checkpointed mid-
   training with orbax and resumed equals the uninterrupted run; sharded over 4 simulated
   devices equals one device (in a subprocess).
+- Mixed precision: with ``precision = "bfloat16"`` tiny agents train with finite metrics
+  and float32 parameters, and the actor's outputs and both critics' Q-values are within
+  1 % of float32's on the same parameters.
 - Bad input: each a ``ValueError`` naming the field.
 """
 
@@ -32,6 +35,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 from _learning import learning_metrics, start_first, start_learning_run, stop_learning_run
+from _precision import assert_close_to_float32, assert_learned_in_float32, train_briefly
 from _subprocess_env import start_worker, stop_workers
 
 from inner_loops import make_learner, stack_hyperparams, train_population
@@ -427,6 +431,48 @@ def test_other_continuous_environments_trace(algorithm, env_id):
     assert state.buffer.storage.action.shape == (32, learner.spec.action_dim)
 
 
+# ------------------------------------------------------------------- mixed precision
+
+
+def bfloat16_config(algorithm: str):
+    """TINY with hidden layers wider than linear.SMALL_WIDTH, so the 16x16 products of the
+    actor and the critics take bfloat16 operands."""
+    return TINY[algorithm].replace(actor_hidden_sizes=(16, 16), critic_hidden_sizes=(16, 16),
+                                   precision="bfloat16")
+
+
+@pytest.fixture(scope="module", params=["td3", "sac"])
+def bfloat16_trained(request):
+    return request.param, *train_briefly(bfloat16_config(request.param), jit)
+
+
+def test_bfloat16_trains_with_float32_parameters(bfloat16_trained):
+    _, _, state, metrics = bfloat16_trained
+    # networks, targets, Adam states (and SAC's temperature)
+    assert_learned_in_float32(state.nets, metrics, "critic_loss")
+
+
+def test_bfloat16_outputs_are_close_to_float32s(bfloat16_trained):
+    """The actor's outputs and both critics' Q-values over the replay buffer's observations
+    and actions, with bfloat16 operands and in float32, on the same trained parameters."""
+    algorithm, learner, state, _ = bfloat16_trained
+    config = bfloat16_config(algorithm)
+    obs = state.buffer.storage.obs
+    actions = ActionScale.of(learner.spec).to_unit(state.buffer.storage.action)
+    outputs = {}
+    for precision in ("bfloat16", "float32"):
+        actor, critic = MODULES[algorithm].make_networks(config.replace(precision=precision),
+                                                         1, 1)
+        outputs[precision] = jit(lambda nets, actor=actor, critic=critic: (
+            actor.apply(nets.actor, obs),
+            jax.vmap(critic.apply, in_axes=(0, None, None))(nets.critic, obs, actions),
+        ))(state.nets)
+    leaves = jax.tree.leaves(outputs["float32"])
+    assert leaves[-1].shape == (2, config.buffer_size)  # both critics
+    for low, full in zip(jax.tree.leaves(outputs["bfloat16"]), leaves, strict=True):
+        assert_close_to_float32(low, full)
+
+
 # ---------------------------------------------------------------- sharded (subprocess)
 
 SHARDING_WORKER = Path(__file__).with_name("_sharding_worker_td3_sac.py")
@@ -510,6 +556,8 @@ BAD_CONFIGS = [
     ("td3", {"tau": 0.0}, "tau", ["(0, 1]"]),
     ("sac", {"gamma": 1.5}, "gamma", ["[0, 1]"]),
     ("td3", {"td_loss": "l1"}, "td_loss", ["l2", "huber"]),
+    ("td3", {"precision": "float16"}, "precision", ["'float16'", "float32", "bfloat16"]),
+    ("sac", {"precision": "half"}, "precision", ["'half'", "float32", "bfloat16"]),
     ("sac", {"actor_hidden_sizes": (64, 0)}, "actor_hidden_sizes", ["positive"]),
     ("sac", {"buffer_size": 10**12}, "replay buffers", ["smaller capacity"]),
 ]
@@ -538,3 +586,8 @@ def test_experiment_table_selects_td3_and_sac_and_names_bad_fields():
                                     "learning_starts": 64}})
     with pytest.raises(ConfigError, match=r"inner.policy_delay"):
         config_from_dict({"inner": {"algorithm": "sac", "policy_delay": 2}})
+    config = config_from_dict({"inner": {"algorithm": "td3", "precision": "bfloat16"}})
+    assert config.inner[0].precision == "bfloat16"
+    with pytest.raises(ConfigError, match=r"inner.precision: got 'fp16'; allowed: float32, "
+                                          r"bfloat16"):
+        config_from_dict({"inner": {"algorithm": "sac", "precision": "fp16"}})
