@@ -43,6 +43,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -75,15 +76,16 @@ def summary(values) -> dict:
 
 def paired(a, b) -> dict:
     """``a - b`` seed by seed: the mean difference, its 95% bootstrap interval (resampling
-    seeds, so each resample keeps a seed's two arms together) and how many seeds each arm
-    won."""
+    seeds, so each resample keeps a seed's two arms together) and on how many seeds ``a`` is
+    above, equal to or below ``b``."""
     a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
     difference = a - b
     low, high = bootstrap_ci(difference)
     return {"mean": float(difference.mean()), "ci95": [low, high],
             "per_seed": [round(float(v), 2) for v in difference],
-            "wins": int((difference > 0).sum()), "ties": int((difference == 0).sum()),
-            "losses": int((difference < 0).sum())}
+            "seeds_above": int((difference > 0).sum()),
+            "seeds_equal": int((difference == 0).sum()),
+            "seeds_below": int((difference < 0).sum())}
 
 
 def steps_to_reach(curves, threshold: float, steps) -> tuple[np.ndarray, np.ndarray]:
@@ -143,6 +145,8 @@ class Population:
             fitness.append(np.asarray(scores))  # [S, P]; waits for the segment
             replaced.append(np.asarray(record.replaced).sum(axis=1))
             seconds.append(time.perf_counter() - started)
+            print(f"{'pbt' if exploit else 'fixed'} segment {index + 1}/{segments}: "
+                  f"{seconds[-1]:.1f} s", file=sys.stderr, flush=True)
         fitness = np.stack(fitness, axis=1)  # [S, G, P]
         if self.evaluate is not None:
             final = np.asarray(self.evaluate(states), np.float64)  # [S, P]
@@ -194,9 +198,12 @@ def arm_report(arm: dict, steps, threshold: float | None) -> dict:
         reached_at, reached = steps_to_reach(median_curve, threshold, steps)
         report["steps_to_threshold"] = {**summary(reached_at),
                                         "reached": int(reached.sum())}
-    report["curves"] = {
+    best_curve = member_scores(arm["fitness"])[0]
+    report["curves"] = {  # mean over seeds, then each seed's
         "median": [round(float(v), 2) for v in median_curve.mean(axis=0)],
-        "best": [round(float(v), 2) for v in member_scores(arm["fitness"])[0].mean(axis=0)],
+        "best": [round(float(v), 2) for v in best_curve.mean(axis=0)],
+        "median_per_seed": np.round(median_curve, 2).tolist(),
+        "best_per_seed": np.round(best_curve, 2).tolist(),
     }
     report["copies_per_segment"] = [round(float(v), 2) for v in arm["replaced"].mean(axis=0)]
     report["final_hypers_first_seed"] = {name: [float(f"{v:.4g}") for v in values[0]]
@@ -290,8 +297,8 @@ def main() -> None:
     text = json.dumps(report, indent=2)
     out.write_text(text + "\n")
     title = (f"{env_id}: {pbt.population_size} {algorithm} members, PBT vs fixed "
-             f"hyperparameters, seeds {seeds[0]}-{seeds[-1]} (band: 95% bootstrap of the "
-             "median)")
+             f"hyperparameters, seeds {seeds[0]}-{seeds[-1]}\n(lines: mean over seeds; "
+             "band: 95% bootstrap interval of the median's mean)")
     plot_curves(steps, arms, title).savefig(out.with_name(f"{out.stem}_curves.png"), dpi=90)
     print(text)
 

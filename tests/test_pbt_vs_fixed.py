@@ -36,15 +36,15 @@ def test_member_scores_rank_nan_members_last():
     assert best[1] == -math.inf
 
 
-def test_paired_differences_count_wins_and_keep_seeds_together():
+def test_paired_differences_count_seeds_and_keep_them_together():
     script = load_script()
     result = script.paired([3.0, 5.0, 2.0], [1.0, 5.0, 4.0])
     assert result["per_seed"] == [2.0, 0.0, -2.0]
     assert result["mean"] == 0.0
-    assert (result["wins"], result["ties"], result["losses"]) == (1, 1, 1)
+    assert (result["seeds_above"], result["seeds_equal"], result["seeds_below"]) == (1, 1, 1)
     low, high = result["ci95"]
     assert -2.0 <= low <= 0.0 <= high <= 2.0
     # a constant shift on every seed is known exactly, however different the seeds are
     shifted = script.paired([10.0, 500.0, -3.0], [9.0, 499.0, -4.0])
-    assert shifted["ci95"] == [1.0, 1.0] and shifted["wins"] == 3
+    assert shifted["ci95"] == [1.0, 1.0] and shifted["seeds_above"] == 3
     assert np.isclose(script.summary([1.0, 2.0, 3.0])["mean"], 2.0)
