@@ -122,6 +122,60 @@ def test_the_bottom_copies_the_top_whole_and_explores():
     np.testing.assert_array_equal(same_states["step"], states["step"])
 
 
+def exploit_sources(fitness, keys=range(24), population=None, fraction=0.5):
+    """``(replaced, {member: set of sources})`` of exploit steps with ``keys``, checking on
+    the way that every record is truthful: kept members keep their state and
+    hyperparameters, replaced ones hold their source's state and explored hyperparameters."""
+    fitness = jnp.asarray(fitness, jnp.float32)
+    size = population or fitness.shape[0]
+    config = PBTConfig(population_size=size, exploit_fraction=fraction,
+                       priors={"learning_rate": Prior(1e-5, 1.0, log=True)})
+    states = {"weights": jnp.arange(size, dtype=jnp.float32)[:, None] * jnp.ones((size, 2))}
+    hypers = hypers_of(jnp.arange(1, size + 1) * 1e-3)
+    replaced_sets, sources = set(), {}
+    for seed in keys:
+        new_states, new_hypers, record = exploit_and_explore(
+            jax.random.PRNGKey(seed), fitness, states, hypers, config)
+        source, replaced = np.asarray(record.source), np.asarray(record.replaced)
+        replaced_sets.add(tuple(np.flatnonzero(replaced).tolist()))
+        np.testing.assert_array_equal(source[~replaced], np.flatnonzero(~replaced))
+        np.testing.assert_array_equal(new_states["weights"][:, 0], source.astype(np.float32))
+        lr, old_lr = np.asarray(new_hypers.learning_rate), np.asarray(hypers.learning_rate)
+        np.testing.assert_array_equal(lr[~replaced], old_lr[~replaced])
+        assert not np.isin(lr[replaced], old_lr[replaced]).any()  # explored, not kept
+        for member in np.flatnonzero(replaced):
+            sources.setdefault(int(member), set()).add(int(source[member]))
+    assert len(replaced_sets) == 1  # who is replaced does not depend on the key
+    return list(replaced_sets.pop()), sources
+
+
+def test_tied_members_are_not_replaced():
+    # everyone at CartPole's maximum: nobody copies anybody
+    assert exploit_sources([500.0] * 8, fraction=0.25) == ([], {})
+    # one member below the rest: it copies one of the top two (members 6, 7 by rank); the
+    # other bottom member (0, tied with the donors) is kept
+    replaced, sources = exploit_sources([500, 500, 480, 500, 500, 500, 500, 500],
+                                        fraction=0.25)
+    assert replaced == [2] and sources == {2: {6, 7}}
+
+
+def test_a_candidate_copies_only_donors_that_beat_it():
+    """Fitness [2, 1, 2, 3], half exploited: candidates 1 (1) and 0 (2), donors 2 (2) and
+    3 (3). Member 1 draws either donor; member 0 is beaten by member 3 only."""
+    replaced, sources = exploit_sources([2.0, 1.0, 2.0, 3.0])
+    assert replaced == [0, 1] and sources == {0: {3}, 1: {2, 3}}
+
+
+def test_nan_members_copy_finite_donors_and_an_all_nan_population_stays():
+    # NaN ranks as -inf: candidates 0 and 2, donors 1 (1) and 3 (2), both finite
+    replaced, sources = exploit_sources([math.nan, 1.0, math.nan, 2.0])
+    assert replaced == [0, 2] and sources == {0: {1, 3}, 2: {1, 3}}
+    # candidates 0 and 1 (NaN), donors 2 (NaN, beats nobody) and 3 (5)
+    replaced, sources = exploit_sources([math.nan, math.nan, math.nan, 5.0])
+    assert replaced == [0, 1] and sources == {0: {3}, 1: {3}}
+    assert exploit_sources([math.nan] * 4) == ([], {})
+
+
 def test_resample_draws_replaced_members_from_the_prior():
     config = PBTConfig(population_size=4, exploit_fraction=0.5, explore="resample",
                        priors={"gamma": Prior(0.5, 0.6)})

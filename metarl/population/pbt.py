@@ -3,12 +3,14 @@
 The population advances ``segment_updates`` updates at a time (one vmapped, chunked and
 optionally sharded call on the learner's ``advance``). After each segment the members are
 ranked by their recent return; each member of the bottom ``exploit_fraction`` copies the
-**whole state** of a member drawn uniformly from the top ``exploit_fraction`` (parameters,
-target networks, optimiser state, environment state, replay buffer, key: it continues
-exactly as its source would) and its hyperparameters, then *explores*: each hyperparameter
+**whole state** of a member drawn uniformly from those of the top ``exploit_fraction`` that
+scored strictly more than it did (parameters, target networks, optimiser state, environment
+state, replay buffer, key: it continues exactly as its source would) and its
+hyperparameters, then *explores*: each hyperparameter
 with a prior is multiplied by one of ``perturb_factors`` (a step on the log scale) or drawn
-afresh from its prior, and clipped to the prior's bounds. Training, ranking, copying and
-exploring of one segment are one jitted function.
+afresh from its prior, and clipped to the prior's bounds. A bottom member that no top member
+beats (a tie, e.g. a population at CartPole's maximum return of 500) is kept as it is.
+Training, ranking, copying and exploring of one segment are one jitted function.
 """
 
 from __future__ import annotations
@@ -109,6 +111,13 @@ def exploit_and_explore(key: jax.Array, fitness: jax.Array, states: Any, hypers:
                         ) -> tuple[Any, Any, ExploitRecord]:
     """One PBT step.
 
+    The ``config.num_exploited`` lowest-scoring members (ties ranked in member order) are
+    the candidates for replacement, as many highest-scoring ones the donors. A candidate is
+    replaced only by a donor whose score is strictly higher than its own, drawn uniformly
+    from those; a candidate that no donor beats (tied with all of them) is kept, its
+    hyperparameters unexplored. NaN scores count as ``-inf``: a NaN member is replaced by
+    a finite donor, and a population without a finite score is left as it is.
+
     Args:
         key: PRNG key.
         fitness: ``[P]`` scores (higher is better; NaN ranks last).
@@ -125,9 +134,13 @@ def exploit_and_explore(key: jax.Array, fitness: jax.Array, states: Any, hypers:
     order = jnp.argsort(score, stable=True)  # worst first; ties keep member order
     bottom, top = order[:count], order[size - count:]
     choice_key, explore_key = jax.random.split(key)
-    donors = top[jax.random.randint(choice_key, (count,), 0, count)]
+    # ``top`` ascends in score, so the donors that beat a candidate are a suffix of it
+    better = jnp.sum(score[top][None, :] > score[bottom][:, None], axis=1)  # [count]
+    draw = jax.random.randint(choice_key, (count,), 0, jnp.maximum(better, 1))
+    # when every donor beats every candidate: top[randint(0, count)], the draw as it always was
+    donors = top[count - jnp.maximum(better, 1) + draw]
     members = jnp.arange(size)
-    replaced = jnp.zeros(size, bool).at[bottom].set(True) & jnp.asarray(exploit)
+    replaced = (jnp.zeros(size, bool).at[bottom].set(better > 0)) & jnp.asarray(exploit)
     source = jnp.where(replaced, members.at[bottom].set(donors), members)
     states = select_members(states, source)
     if config.reseed_copies:  # a key of its own (fold_in leaves the other draws as they were)
