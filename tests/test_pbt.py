@@ -303,3 +303,34 @@ def test_reseeded_copies_take_their_source_state_with_a_key_of_their_own():
     for got, want in zip(jax.tree.leaves(reseeded.replace(key=plain.key)),
                          jax.tree.leaves(plain), strict=True):
         np.testing.assert_array_equal(got, want)
+
+
+def test_copies_keep_their_own_replay_buffer_when_told_to():
+    """Fitness [0, 3, 1, 2], half exploited: member 0 copies member 1 and member 2 copies
+    member 3, or the other way round; with ``copy_buffer = False`` they keep their own
+    buffers (and everything else comes from the source)."""
+    from inner_loops.replay import ReplayBuffer
+
+    members = jnp.arange(4.0)
+    states = {"params": members[:, None] * jnp.ones((4, 2)),
+              "buffer": ReplayBuffer(storage={"obs": members[:, None] * jnp.ones((4, 5))},
+                                     position=jnp.arange(4, dtype=jnp.int32),
+                                     size=jnp.arange(4, dtype=jnp.int32) + 10)}
+    fitness = jnp.array([0.0, 3.0, 1.0, 2.0])
+    hypers = hypers_of(jnp.full(4, 1e-3))
+    for copy_buffer in (True, False):
+        config = PBTConfig(population_size=4, exploit_fraction=0.5, copy_buffer=copy_buffer)
+        new, _, record = exploit_and_explore(jax.random.PRNGKey(0), fitness, states, hypers,
+                                             config)
+        source = np.asarray(record.source)
+        assert np.asarray(record.replaced).tolist() == [True, False, True, False]
+        np.testing.assert_array_equal(new["params"][:, 0], source.astype(np.float32))
+        owner = source if copy_buffer else np.arange(4)
+        np.testing.assert_array_equal(new["buffer"].storage["obs"][:, 0], owner)
+        np.testing.assert_array_equal(new["buffer"].position, owner)
+        np.testing.assert_array_equal(new["buffer"].size, owner + 10)
+    with pytest.raises(ValueError, match=r"pbt\.copy_buffer: false needs a learner with a "
+                                         r"replay buffer"):
+        exploit_and_explore(jax.random.PRNGKey(0), fitness, {"params": states["params"]},
+                            hypers, PBTConfig(population_size=4, exploit_fraction=0.5,
+                                              copy_buffer=False))

@@ -121,6 +121,9 @@ def test_a_pbt_file_loads_typed_and_round_trips(tiny_file):
     (["pbt.perturb_factors=[0.8, nan]"], r"pbt\.perturb_factors\[1\]: must be a finite"),
     (["inner.algorithm='a2c'"], r"inner\.algorithm: unknown 'a2c'; allowed: .*ppo"),
     (["es.generations=3"], r"es: a pbt experiment has no \[es\] table"),
+    (["pbt.copy_buffer=false"], r"pbt\.copy_buffer: false keeps each member's own replay "
+                                r"buffer, and ppo has none"),
+    (["pbt.copy_buffer=1"], r"pbt\.copy_buffer: expected true or false"),
     (["kind='cem'"], r"kind: got 'cem'; allowed: evolve, pbt, cem_rl, dvd"),
 ])
 def test_bad_pbt_files_name_the_field(tiny_file, overrides, message):

@@ -47,6 +47,10 @@ class PBTConfig:
             ``key`` field) instead of its source's, so that copies explore with their own
             noise rather than repeating their source's; off by default, when a copy
             continues exactly as its source would.
+        copy_buffer: a member that copies another takes its source's replay buffer with the
+            rest of the state (the default: it continues exactly as its source would);
+            ``False`` keeps the member's own buffer, so the copy learns from the
+            experience it gathered itself (off-policy algorithms only).
         priors: hyperparameter name -> :class:`~metarl.population.priors.Prior`; members
             start from draws of them, and only these hyperparameters are explored.
     """
@@ -59,6 +63,7 @@ class PBTConfig:
     fitness_window: int = 1
     priors: Mapping[str, Prior] = field(default_factory=dict)
     reseed_copies: bool = False
+    copy_buffer: bool = True
 
     def __post_init__(self):
         check_positive_int("pbt.population_size", self.population_size)
@@ -75,9 +80,10 @@ class PBTConfig:
                 f"pbt.population_size: {self.population_size} members with exploit_fraction "
                 f"{self.exploit_fraction} leave no member to copy; use at least "
                 f"{int(-(-1 // self.exploit_fraction))} members or a larger fraction")
-        if not isinstance(self.reseed_copies, bool):
-            raise ValueError(f"pbt.reseed_copies: expected true or false, got "
-                             f"{self.reseed_copies!r}")
+        for name in ("reseed_copies", "copy_buffer"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"pbt.{name}: expected true or false, got "
+                                 f"{getattr(self, name)!r}")
         for name, prior in self.priors.items():
             if not isinstance(prior, Prior):
                 raise ValueError(f"pbt.priors.{name}: expected a Prior, got {prior!r}")
@@ -142,7 +148,10 @@ def exploit_and_explore(key: jax.Array, fitness: jax.Array, states: Any, hypers:
     members = jnp.arange(size)
     replaced = (jnp.zeros(size, bool).at[bottom].set(better > 0)) & jnp.asarray(exploit)
     source = jnp.where(replaced, members.at[bottom].set(donors), members)
-    states = select_members(states, source)
+    copied_states = select_members(states, source)
+    if not config.copy_buffer:
+        copied_states = keep_own_buffers(copied_states, states)
+    states = copied_states
     if config.reseed_copies:  # a key of its own (fold_in leaves the other draws as they were)
         states = reseed_members(jax.random.fold_in(key, 1), states, replaced)
     copied = select_members(hypers, source)
@@ -170,6 +179,23 @@ def place_population(states: Any, hypers: Any, mesh) -> tuple[Any, Any]:
             if size % sharding.num_shards(mesh) == 0 else PartitionSpec())
     states = jax.lax.with_sharding_constraint(states, NamedSharding(mesh, spec))
     return states, sharding.replicate(hypers, mesh)
+
+
+def keep_own_buffers(copied: Any, own: Any) -> Any:
+    """``copied`` (a population after copying) with every
+    :class:`~inner_loops.replay.ReplayBuffer` taken from ``own`` (the population before):
+    each member keeps its own buffer whatever else it copied. A member kept as it was is its
+    own source, so only the copies change."""
+    from inner_loops.replay import ReplayBuffer
+
+    def is_buffer(node) -> bool:
+        return isinstance(node, ReplayBuffer)
+
+    if not any(is_buffer(node) for node in jax.tree.leaves(copied, is_leaf=is_buffer)):
+        raise ValueError("pbt.copy_buffer: false needs a learner with a replay buffer (DQN, "
+                         "TD3, SAC); this one has none")
+    return jax.tree.map(lambda new, old: old if is_buffer(new) else new, copied, own,
+                        is_leaf=is_buffer)
 
 
 def reseed_members(key: jax.Array, states: Any, members: jax.Array) -> Any:

@@ -130,6 +130,10 @@ class PBTExperimentConfig:
                 except ValueError as error:
                     raise ConfigError(f"pbt.priors.{name}.{bound}: {getattr(prior, bound)} "
                                       f"is not a valid {name} ({error})") from None
+        if not self.pbt.copy_buffer and not hasattr(self.inner, "buffer_size"):
+            raise ConfigError(
+                f"pbt.copy_buffer: false keeps each member's own replay buffer, and "
+                f"{algorithm_of(self.inner).name} has none (only dqn, td3 and sac do)")
         updates = self.inner.num_updates
         if updates < 1:
             raise ConfigError("inner.total_timesteps: the budget holds no whole update")
@@ -179,7 +183,7 @@ def _build_pbt(data: Any) -> PBTConfig:
         raise ConfigError(f"pbt.{unknown[0]}: unknown field; allowed: {', '.join(names)}")
     hints = {"population_size": int, "segment_updates": int, "fitness_window": int,
              "exploit_fraction": float, "explore": str, "perturb_factors": tuple[float, ...],
-             "reseed_copies": bool}
+             "reseed_copies": bool, "copy_buffer": bool}
     kwargs = {name: _coerce(f"pbt.{name}", value, hints[name]) for name, value in data.items()}
     try:
         return PBTConfig(**kwargs, priors=built)
