@@ -58,7 +58,7 @@ def _report(result, no_plots: bool) -> int:
 
     kind = config_kind(result.config)
     if kind != EVOLVE:
-        print(population_kind(kind).describe(result))
+        print(population_kind(kind).describe_run(result))
         if not no_plots and result.history:
             _plot_quietly(result.run_dir)
         return 0

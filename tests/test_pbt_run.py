@@ -9,17 +9,13 @@ subprocess, through JAX's persistent compilation cache) reuse it.
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import jax
 import numpy as np
 import pytest
+from _kill import kill_inside_save
 
 from metarl.cli import main
 from metarl.config import ConfigError, load_config
@@ -64,7 +60,6 @@ checkpoint_every = 1
 keep_checkpoints = 2
 progress = false
 """
-KILL_WORKER = Path(__file__).parent / "_kill_worker.py"
 
 
 @pytest.fixture(scope="module")
@@ -190,31 +185,12 @@ def test_plot_and_evaluate_a_pbt_run(reference, capsys):
 # kill and resume
 
 
-def _cli_env() -> dict[str, str]:
-    return {**os.environ, "JAX_NUM_CPU_DEVICES": str(jax.device_count()),
-            "PYTHONUNBUFFERED": "1"}
-
 
 @pytest.mark.timeout(400)
 def test_a_run_killed_inside_a_save_resumes_into_the_uninterrupted_run(
         tiny_file, reference, tmp_path, capsys):
     run_dir = tmp_path / "killed"
-    process = subprocess.Popen(
-        [sys.executable, str(KILL_WORKER), "3", "run", str(tiny_file), "--run-dir",
-         str(run_dir), "--no-plots"], env=_cli_env(), stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL, text=True)
-    try:
-        deadline = time.monotonic() + 300
-        line = ""
-        while "PAUSED_IN_SAVE" not in line:
-            assert process.poll() is None and time.monotonic() < deadline, "no pause"
-            line = process.stdout.readline()
-        os.kill(process.pid, signal.SIGKILL)
-        process.wait(timeout=30)
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
+    kill_inside_save(3, ["run", str(tiny_file), "--run-dir", str(run_dir), "--no-plots"])
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()
                   if p.name.isdigit()) == ["1", "2"]
     assert len(read_metrics(run_dir)) == 3  # written before the save it died in

@@ -10,17 +10,13 @@ tests/test_dvd.py), so each compiles its step once.
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import jax
 import numpy as np
 import pytest
+from _kill import kill_inside_save
 
 from metarl.cli import main
 from metarl.config import ConfigError
@@ -68,7 +64,6 @@ keep_checkpoints = 4
 progress = false
 """
 STEPS = 4  # generations (cem_rl) or segments (dvd) of both tiny runs
-KILL_WORKER = Path(__file__).parent / "_kill_worker.py"
 
 
 def experiment_text(kind: str) -> str:
@@ -193,24 +188,7 @@ def test_resume_from_a_mid_run_checkpoint_equals_the_uninterrupted_run(reference
 def test_a_cem_rl_run_killed_inside_a_save_resumes_into_the_uninterrupted_run(
         files, references, tmp_path, capsys):
     run_dir = tmp_path / "killed"
-    env = {**os.environ, "JAX_NUM_CPU_DEVICES": str(jax.device_count()),
-           "PYTHONUNBUFFERED": "1"}
-    process = subprocess.Popen(
-        [sys.executable, str(KILL_WORKER), "3", "run", str(files["cem_rl"]), "--run-dir",
-         str(run_dir), "--no-plots"], env=env, stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL, text=True)
-    try:
-        deadline = time.monotonic() + 300
-        line = ""
-        while "PAUSED_IN_SAVE" not in line:
-            assert process.poll() is None and time.monotonic() < deadline, "no pause"
-            line = process.stdout.readline()
-        os.kill(process.pid, signal.SIGKILL)
-        process.wait(timeout=30)
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
+    kill_inside_save(3, ["run", str(files["cem_rl"]), "--run-dir", str(run_dir), "--no-plots"])
     assert len(read_metrics(run_dir)) == 3  # written before the save it died in
     assert main(["resume", str(run_dir), "--no-plots"]) == 0
     assert "skipping incomplete checkpoint" in capsys.readouterr().err

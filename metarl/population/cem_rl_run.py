@@ -42,7 +42,6 @@ from metarl.population.stepped_run import (
     finite_stat,
     saved_evaluation,
 )
-from metarl.runs.layout import PLOTS_DIR, RunError, read_metrics
 
 KIND = "cem_rl"
 STEP_KEY = "generation"
@@ -116,17 +115,6 @@ class CEMRLRunResult(SteppedRun):
         return self.program.run.mean_actor(self.state)
 
 
-def start_cem_rl(config: MethodExperimentConfig, run_dir: str | Path | None = None
-                 ) -> CEMRLRunResult:
-    """Start a new cem_rl run of ``config`` in ``run_dir`` (a fresh directory by default)."""
-    return stepped_run.start_run(RUN_KIND, config, run_dir)
-
-
-def resume_cem_rl(run_dir: str | Path, accept_config_change: bool = False) -> CEMRLRunResult:
-    """Continue a cem_rl run from its newest usable checkpoint."""
-    return stepped_run.resume_run(RUN_KIND, run_dir, accept_config_change)
-
-
 def load_cem_rl_run(run_dir: str | Path) -> CEMRLRunResult:
     """Read a cem_rl run back without running or changing anything."""
     return stepped_run.load_run(RUN_KIND, run_dir)
@@ -136,20 +124,13 @@ def plot_cem_rl_run(run_dir: str | Path) -> list[Path]:
     """Write ``plots/cem_rl.png`` (fitness over generations; RL against CEM actors)."""
     from metarl.population.plots import plot_cem_rl
 
-    run_dir = Path(run_dir)
-    config = RUN_KIND.read_config(run_dir)
-    history = read_metrics(run_dir)
-    if not history:
-        raise RunError(f"{run_dir} has no finished generation yet (metrics.jsonl is empty)")
-    out = run_dir / PLOTS_DIR
-    out.mkdir(exist_ok=True)
-    method = config.method
-    fig = plot_cem_rl(history, title=(
-        f"{config.name}: CEM-RL, {method.population_size} TD3 actors "
-        f"({method.num_rl_actors} RL) on {method.inner.env_id}"))
-    path = out / "cem_rl.png"
-    fig.savefig(path, dpi=110)
-    return [path]
+    def draw(config, history):
+        method = config.method
+        return plot_cem_rl(history, title=(
+            f"{config.name}: CEM-RL, {method.population_size} TD3 actors "
+            f"({method.num_rl_actors} RL) on {method.inner.env_id}"))
+
+    return RUN_KIND.plot_history(run_dir, "cem_rl.png", draw)
 
 
 def evaluate_cem_rl_run(run_dir: str | Path, eval_seed: int = 10_007, rerun: bool = False,
@@ -186,20 +167,15 @@ def format_cem_rl_evaluation(report: dict[str, Any]) -> str:
             f"max {np.nanmax(returns):.2f})")
 
 
-def describe_cem_rl_run(result: CEMRLRunResult) -> str:
-    text = f"run directory: {result.run_dir}"
-    if result.history:
-        last = result.history[-1]
-        text += (f"\ngenerations: {last[STEP_KEY]}  environment steps: "
-                 f"{last['env_steps']:,}  mean actor's return: {last['mean_return']:.4g}  "
-                 f"last generation's fitness: best {last['best_fitness']:.4g}, elites "
-                 f"{last['elite_fitness']:.4g}")
-    return text
+def describe_cem_rl_generation(line: dict[str, Any]) -> str:
+    return (f"generations: {line[STEP_KEY]}  environment steps: {line['env_steps']:,}  mean "
+            f"actor's return: {line['mean_return']:.4g}  last generation's fitness: best "
+            f"{line['best_fitness']:.4g}, elites {line['elite_fitness']:.4g}")
 
 
 RUN_KIND = SteppedKind(
     name=KIND, step_key=STEP_KEY, from_dict=cem_rl_config_from_dict, build=CEMRLProgram,
     result=CEMRLRunResult, plot=plot_cem_rl_run, evaluate=evaluate_cem_rl_run,
-    format_evaluation=format_cem_rl_evaluation, describe=describe_cem_rl_run,
+    format_evaluation=format_cem_rl_evaluation, describe=describe_cem_rl_generation,
     score_key="mean_return", invalid="no actor had a finite fitness",
     advice="Check the [inner] learning rates and cem_rl.max_grad_norm")

@@ -43,7 +43,6 @@ from metarl.population.stepped_run import (
     finite_stat,
     saved_evaluation,
 )
-from metarl.runs.layout import PLOTS_DIR, RunError, read_metrics
 
 KIND = "dvd"
 STEP_KEY = "segment"
@@ -112,17 +111,6 @@ class DvDRunResult(SteppedRun):
     :class:`~metarl.population.dvd.DvDState`."""
 
 
-def start_dvd(config: MethodExperimentConfig, run_dir: str | Path | None = None
-              ) -> DvDRunResult:
-    """Start a new dvd run of ``config`` in ``run_dir`` (a fresh directory by default)."""
-    return stepped_run.start_run(RUN_KIND, config, run_dir)
-
-
-def resume_dvd(run_dir: str | Path, accept_config_change: bool = False) -> DvDRunResult:
-    """Continue a dvd run from its newest usable checkpoint."""
-    return stepped_run.resume_run(RUN_KIND, run_dir, accept_config_change)
-
-
 def load_dvd_run(run_dir: str | Path) -> DvDRunResult:
     """Read a dvd run back without running or changing anything."""
     return stepped_run.load_run(RUN_KIND, run_dir)
@@ -132,20 +120,13 @@ def plot_dvd_run(run_dir: str | Path) -> list[Path]:
     """Write ``plots/dvd.png`` (diversity, every member's return, the weight)."""
     from metarl.population.plots import plot_dvd
 
-    run_dir = Path(run_dir)
-    config = RUN_KIND.read_config(run_dir)
-    history = read_metrics(run_dir)
-    if not history:
-        raise RunError(f"{run_dir} has no finished segment yet (metrics.jsonl is empty)")
-    out = run_dir / PLOTS_DIR
-    out.mkdir(exist_ok=True)
-    method = config.method
-    fig = plot_dvd(history, title=(
-        f"{config.name}: DvD, {method.population_size} TD3 actors on {method.inner.env_id}, "
-        f"weight {method.weight_schedule}"))
-    path = out / "dvd.png"
-    fig.savefig(path, dpi=110)
-    return [path]
+    def draw(config, history):
+        method = config.method
+        return plot_dvd(history, title=(
+            f"{config.name}: DvD, {method.population_size} TD3 actors on "
+            f"{method.inner.env_id}, weight {method.weight_schedule}"))
+
+    return RUN_KIND.plot_history(run_dir, "dvd.png", draw)
 
 
 def evaluate_dvd_run(run_dir: str | Path, eval_seed: int = 10_007, rerun: bool = False
@@ -190,19 +171,15 @@ def format_dvd_evaluation(report: dict[str, Any]) -> str:
     return "\n".join(rows)
 
 
-def describe_dvd_run(result: DvDRunResult) -> str:
-    text = f"run directory: {result.run_dir}"
-    if result.history:
-        last = result.history[-1]
-        text += (f"\nsegments: {last[STEP_KEY]}  environment steps: {last['env_steps']:,}  "
-                 f"last segment's returns: best {last['best_return']:.4g}, median "
-                 f"{last['median_return']:.4g}  diversity: {last['diversity']:.3g}")
-    return text
+def describe_dvd_segment(line: dict[str, Any]) -> str:
+    return (f"segments: {line[STEP_KEY]}  environment steps: {line['env_steps']:,}  last "
+            f"segment's returns: best {line['best_return']:.4g}, median "
+            f"{line['median_return']:.4g}  diversity: {line['diversity']:.3g}")
 
 
 RUN_KIND = SteppedKind(
     name=KIND, step_key=STEP_KEY, from_dict=dvd_config_from_dict, build=DvDProgram,
     result=DvDRunResult, plot=plot_dvd_run, evaluate=evaluate_dvd_run,
-    format_evaluation=format_dvd_evaluation, describe=describe_dvd_run,
+    format_evaluation=format_dvd_evaluation, describe=describe_dvd_segment,
     invalid="some parameter of the population was not finite",
     advice="Check the [inner] learning rates, dvd.jitter and dvd.max_grad_norm")

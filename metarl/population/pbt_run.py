@@ -70,11 +70,6 @@ from metarl.population.stepped_run import (
     finite_stat,
     saved_evaluation,
 )
-from metarl.runs.layout import (
-    PLOTS_DIR,
-    RunError,
-    read_metrics,
-)
 
 KIND = "pbt"
 STEP_KEY = "segment"
@@ -400,20 +395,14 @@ def plot_pbt_run(run_dir: str | Path) -> list[Path]:
     events, the winning lineage) from ``metrics.jsonl``; returns the paths written."""
     from metarl.plots import plot_pbt
 
-    run_dir = Path(run_dir)
-    config = read_pbt_config(run_dir)
-    history = read_metrics(run_dir)
-    if not history:
-        raise RunError(f"{run_dir} has no finished segment yet (metrics.jsonl is empty)")
-    out = run_dir / PLOTS_DIR
-    out.mkdir(exist_ok=True)
-    algorithm = type(config.inner).__name__.removesuffix("Config")
-    fig = plot_pbt(history, steps_per_update=history[-1].get("steps_per_update"),
-                   title=f"{config.name}: PBT of {config.pbt.population_size} {algorithm} "
-                         f"members on {config.inner.env_id}, {len(history)} segments")
-    path = out / "pbt.png"
-    fig.savefig(path, dpi=110)
-    return [path]
+    def draw(config, history):
+        algorithm = type(config.inner).__name__.removesuffix("Config")
+        return plot_pbt(history, steps_per_update=history[-1].get("steps_per_update"),
+                        title=f"{config.name}: PBT of {config.pbt.population_size} "
+                              f"{algorithm} members on {config.inner.env_id}, "
+                              f"{len(history)} segments")
+
+    return RUN_KIND.plot_history(run_dir, "pbt.png", draw)
 
 
 def evaluate_pbt_run(run_dir: str | Path, eval_seed: int = 10_007,
@@ -486,19 +475,14 @@ def format_pbt_evaluation(report: dict[str, Any]) -> str:
     return "\n".join(lines) + note
 
 
-def describe_pbt_run(result: PBTRunResult) -> str:
-    """A finished pbt run in two lines, for the command line."""
-    text = f"run directory: {result.run_dir}"
-    if result.history:
-        last = result.history[-1]
-        text += (f"\nsegments: {last['segment']}  agent-steps: {last['agent_steps']:,}  last "
-                 f"segment's returns: best {last['best_return']:.4g} (member "
-                 f"{last['best_member']}), median {last['median_return']:.4g}")
-    return text
+def describe_pbt_segment(line: dict[str, Any]) -> str:
+    return (f"segments: {line['segment']}  agent-steps: {line['agent_steps']:,}  last "
+            f"segment's returns: best {line['best_return']:.4g} (member "
+            f"{line['best_member']}), median {line['median_return']:.4g}")
 
 
 RUN_KIND = SteppedKind(
     name=KIND, step_key=STEP_KEY, from_dict=pbt_config_from_dict, build=PBTProgram,
     result=PBTRunResult, plot=plot_pbt_run, evaluate=evaluate_pbt_run,
-    format_evaluation=format_pbt_evaluation, describe=describe_pbt_run,
+    format_evaluation=format_pbt_evaluation, describe=describe_pbt_segment,
     advice="Check the priors' bounds and the [inner] settings")

@@ -41,10 +41,12 @@ from metarl.runs import start as runs_start
 from metarl.runs.checkpoint import DamagedCheckpoint, RunCheckpointer, score_of_line
 from metarl.runs.layout import (
     CONFIG_FILE,
+    PLOTS_DIR,
     CheckpointError,
     RunError,
     RunStopped,
     now,
+    read_metrics,
     remove_stale_temporaries,
     write_metrics,
     write_status,
@@ -71,7 +73,8 @@ class SteppedKind:
         plot: ``run_dir -> [paths]``: draws the run into its ``plots/``.
         evaluate: ``(run_dir, eval_seed, rerun) -> report`` (saved under ``evaluations/``).
         format_evaluation: ``report -> str``: the report as a table.
-        describe: ``result -> str``: a finished run in a line or two, for the command line.
+        describe: ``line -> str``: a run's last ``metrics.jsonl`` line in a line, for the
+            command line (:meth:`describe_run`).
         score_key: the field of a step's line that ranks checkpoints (the best is kept).
         invalid: what an invalid step means, for the stop message.
         advice: what to check when the run stops itself.
@@ -85,7 +88,7 @@ class SteppedKind:
     plot: Callable[[Path], list[Path]]
     evaluate: Callable[..., dict[str, Any]]
     format_evaluation: Callable[[dict[str, Any]], str]
-    describe: Callable[[Any], str]
+    describe: Callable[[dict[str, Any]], str]
     score_key: str = "best_return"
     invalid: str = "every member's losses were non-finite"
     advice: str = "Check the [inner] settings"
@@ -98,6 +101,27 @@ class SteppedKind:
         if not (run_dir / CONFIG_FILE).is_file():
             raise RunError(f"{run_dir} is not a metarl run: it has no {CONFIG_FILE}")
         return self.from_dict(upgrade_saved_config(read_config_data(run_dir / CONFIG_FILE)))
+
+    def describe_run(self, result: SteppedRun) -> str:
+        """A finished run: its directory and, if it took a step, its last step."""
+        text = f"run directory: {result.run_dir}"
+        return text + (f"\n{self.describe(result.history[-1])}" if result.history else "")
+
+    def plot_history(self, run_dir: str | Path, filename: str,
+                     draw: Callable[[Any, list[dict[str, Any]]], Any]) -> list[Path]:
+        """Save ``draw(config, history)`` (a matplotlib figure of the run's
+        ``metrics.jsonl``) as ``plots/<filename>``; returns the paths written."""
+        run_dir = Path(run_dir)
+        config = self.read_config(run_dir)
+        history = read_metrics(run_dir)
+        if not history:
+            raise RunError(f"{run_dir} has no finished {self.step_key} yet (metrics.jsonl "
+                           "is empty)")
+        out = run_dir / PLOTS_DIR
+        out.mkdir(exist_ok=True)
+        path = out / filename
+        draw(config, history).savefig(path, dpi=110)
+        return [path]
 
     def normalize(self, data: dict[str, Any]) -> dict[str, Any]:
         """A saved config with defaults filled in, so comparing two finds only real
