@@ -62,7 +62,7 @@ import statistics
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from typing import NamedTuple
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -70,8 +70,7 @@ LEARNING_STARTS = 1_000
 REJAX_FIXED_HIDDEN = 64  # rejax 0.1.3's DQN and TD3 build 64-64 networks whatever is asked
 
 
-@dataclass(frozen=True)
-class Comparison:
+class Comparison(NamedTuple):
     """One algorithm's matched settings: the environment, metarl's config fields, rejax's
     ``create`` arguments, rejax's deterministic policy and the summary for the report."""
 
