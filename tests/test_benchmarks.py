@@ -83,3 +83,21 @@ def test_offpolicy_update_benchmark_captures_the_real_learn_step():
         assert learner.config.actor_hidden_sizes == (8, 8)
     args = benchmark.parse_args(["--populations", "1,16", "--sizes", "64", "--steps", "4"])
     assert args.populations == [1, 16] and args.modes == ["loop", "vmap", "sharded"]
+
+
+def test_vs_rejax_offpolicy_gives_both_libraries_the_same_budget():
+    # runs without rejax: only metarl's configs and the script's own arithmetic
+    benchmark = _load_benchmark("vs_rejax_offpolicy")
+    for algorithm, comparison in benchmark.COMPARISONS.items():
+        args = benchmark.parse(["--algorithm", algorithm, "--total-timesteps", "20000"])
+        config = comparison.metarl_config(algorithm, args)
+        assert config.env_id == comparison.env_id and config.num_envs == comparison.num_envs
+        # each library runs whole iterations; the budgets differ by less than one update
+        rejax_steps = comparison.rejax_steps_per_agent(algorithm, 20_000)
+        assert 0 <= rejax_steps - config.steps_per_agent < config.steps_per_update
+    try:  # rejax 0.1.3 builds DQN's and TD3's networks 64-64 whatever it is asked
+        benchmark.parse(["--algorithm", "td3", "--hidden", "128"])
+    except SystemExit:
+        pass
+    else:
+        raise AssertionError("--hidden 128 accepted for td3")
