@@ -73,8 +73,47 @@ def flatten(data: Any, prefix: str = "") -> dict[str, Any]:
 
 
 def _evaluation_rows(run_dir: Path) -> tuple[tuple[str, str, float, float, float], ...]:
-    return tuple((r["env_id"], r["objective"], r["mean"], r["ci_low"], r["ci_high"])
-                 for report in list_records(run_dir) for r in report.get("results", []))
+    """One row per environment and objective; the latest evaluation wins where several
+    evaluated the same pair."""
+    rows = {}
+    for report in list_records(run_dir):
+        for r in report.get("results", []):
+            rows[(r["env_id"], r["objective"])] = (r["env_id"], r["objective"], r["mean"],
+                                                   r["ci_low"], r["ci_high"])
+    return tuple(rows.values())
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A run's evolved objective against one baseline on one environment.
+
+    ``outcome`` is ``"better"`` when the evolved mean's 95% bootstrap interval lies above
+    the baseline's mean, ``"worse"`` when it lies below, else ``"tie"``.
+    """
+
+    run: str
+    env_id: str
+    baseline: str
+    evolved: float
+    ci_low: float
+    ci_high: float
+    baseline_mean: float
+    outcome: str
+
+
+def verdicts(comparison: Comparison, evolved: str = "evolved") -> list[Verdict]:
+    """The evolved objective of every evaluated run against each of its baselines."""
+    found = []
+    for run in comparison.runs:
+        rows = {(env, objective): (mean, low, high)
+                for env, objective, mean, low, high in run.evaluations}
+        for (env, objective), (mean, _, _) in rows.items():
+            if objective == evolved or (env, evolved) not in rows:
+                continue
+            value, low, high = rows[(env, evolved)]
+            outcome = "better" if low > mean else "worse" if high < mean else "tie"
+            found.append(Verdict(run.label, env, objective, value, low, high, mean, outcome))
+    return found
 
 
 def summarise_run(run_dir: str | Path, label: str | None = None) -> RunSummary:
@@ -134,6 +173,15 @@ def format_comparison(comparison: Comparison) -> str:
         rows += [(label, env, objective, f"{mean:.2f}", f"[{low:.2f}, {high:.2f}]")
                  for label, env, objective, mean, low, high in evaluated]
         blocks.append(_table(rows))
+    found = verdicts(comparison)
+    if found:
+        rows = [("environment", "vs baseline", "better", "tie", "worse", "runs")]
+        for env, baseline in dict.fromkeys((v.env_id, v.baseline) for v in found):
+            outcomes = [v.outcome for v in found if (v.env_id, v.baseline) == (env, baseline)]
+            rows.append((env, baseline, *(str(outcomes.count(o)) for o in
+                                           ("better", "tie", "worse")), str(len(outcomes))))
+        blocks.append("evolved objective against each baseline (better / worse: its 95% "
+                      "interval lies above / below the baseline's mean)\n" + _table(rows))
     if comparison.differing:
         rows = [("setting", *[r.label for r in comparison.runs])]
         rows += [(key, *[json.dumps(v) for v in values])
@@ -152,8 +200,9 @@ def _table(rows: list[tuple[str, ...]]) -> str:
 
 def plot_comparison(comparison: Comparison) -> dict[str, Any]:
     """``{file stem: Figure}``: the mean and best-so-far fitness of every run over
-    generations (``fitness``) and, when all runs evolved the same objective, what its
-    registered ``plot`` draws of every run's search mean at once."""
+    generations (``fitness``), the held-out evaluations of the runs that have any
+    (``evaluations``, :func:`plot_evaluations`) and, when all runs evolved the same
+    objective, what its registered ``plot`` draws of every run's search mean at once."""
     from matplotlib.figure import Figure
 
     from metarl.objectives import get_objective
@@ -178,6 +227,9 @@ def plot_comparison(comparison: Comparison) -> dict[str, Any]:
     ax.set_title(f"Fitness of {len(comparison.runs)} runs")
     figures = {"fitness": fig}
 
+    if any(run.evaluations for run in comparison.runs):
+        figures["evaluations"] = plot_evaluations(comparison)
+
     objectives = {run.objective for run in comparison.runs}
     if len(objectives) != 1:
         return figures
@@ -197,6 +249,47 @@ def plot_comparison(comparison: Comparison) -> dict[str, Any]:
     for stem, figure in plot(request).items():
         figures[_safe_stem(stem)] = figure
     return figures
+
+
+def plot_evaluations(comparison: Comparison):
+    """Every run's held-out evaluation in one figure: one panel per environment, one row
+    per run, the evolved objective's and each baseline's mean return with its 95%
+    bootstrap interval (baselines are trained on the same held-out seeds in every run)."""
+    from matplotlib.figure import Figure
+
+    from metarl.plots import BASELINE_COLOURS
+
+    runs = [run for run in comparison.runs if run.evaluations]
+    envs = list(dict.fromkeys(env for run in runs for env, *_ in run.evaluations))
+    objectives = list(dict.fromkeys(obj for run in runs for _, obj, *_ in run.evaluations))
+    objectives.sort(key=lambda name: name != "evolved")
+    fig = Figure(figsize=(4.2 * len(envs) + 1.0, 1.0 + 0.45 * len(runs) * len(objectives)),
+                 layout="constrained")
+    axes = np.atleast_1d(fig.subplots(1, len(envs)))
+    spread = 0.7 / max(len(objectives), 1)
+    for ax, env in zip(axes, envs, strict=True):
+        for k, objective in enumerate(objectives):
+            colour = "C0" if objective == "evolved" else BASELINE_COLOURS.get(
+                objective, f"C{(k + 4) % 10}")
+            ys, means, errors = [], [], [[], []]
+            for i, run in enumerate(runs):
+                for env_id, name, mean, low, high in run.evaluations:
+                    if (env_id, name) == (env, objective):
+                        ys.append(i + (k - (len(objectives) - 1) / 2) * spread)
+                        means.append(mean)
+                        errors[0].append(mean - low)
+                        errors[1].append(high - mean)
+            if ys:
+                ax.errorbar(means, ys, xerr=errors, fmt="o", color=colour, capsize=3,
+                            label=objective)
+        ax.set_yticks(range(len(runs)), [run.label for run in runs])
+        ax.invert_yaxis()
+        ax.set_xlabel("mean return (95% bootstrap CI)")
+        ax.set_title(env)
+        ax.grid(alpha=0.3, axis="x")
+        ax.legend(fontsize="small")
+    fig.suptitle(f"Held-out evaluations of {len(runs)} runs")
+    return fig
 
 
 def _safe_stem(stem: str) -> str:

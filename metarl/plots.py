@@ -342,6 +342,102 @@ def plot_drift(
     return fig
 
 
+def plot_drift_comparison(
+    drifts: Mapping[str, DriftFn],
+    *,
+    references: Sequence[str] = ("ppo", "dpo"),
+    ratio_range: tuple[float, float] = (0.5, 2.0),
+    advantage_range: tuple[float, float] = (-2.0, 2.0),
+    log_ratio: bool = True,
+    progress: float = 0.0,
+    clip_eps: float = 0.2,
+    num_points: int = 161,
+    title: str | None = None,
+) -> Figure:
+    """Drifts side by side as heatmaps over ratio × advantage on one colour scale, followed
+    by the reference drifts (PPO's clip, DPO's closed form), so shapes can be read against
+    each other directly.
+
+    Args:
+        drifts: ``{label: drift_fn}``, e.g. ``{"evolved": lpo.drift_fn(params)}``; each
+            ``drift_fn(ratio, advantage[, progress=...])`` broadcasting.
+        references: reference drifts appended after ``drifts``, from ``"ppo"`` and
+            ``"dpo"``.
+        progress: training progress passed to drifts that take it.
+        ratio_range, advantage_range, log_ratio, clip_eps, num_points, title: as in
+            :func:`plot_drift`.
+    """
+    panels = [(str(label), fn, _takes_progress(fn)) for label, fn in drifts.items()]
+    for label, (fn, _) in _reference_drifts(references, clip_eps).items():
+        panels.append((label, fn, False))
+    if not panels:
+        raise ValueError("plot_drift_comparison: no drift to draw")
+    ratios = _ratio_grid(ratio_range, num_points, log_ratio)
+    advantages = np.linspace(advantage_range[0], advantage_range[1], num_points)
+    grids = [_evaluate_drift(fn, ratios[None, :], advantages[:, None],
+                             progress if takes else None)
+             for _, fn, takes in panels]
+    norm = mcolors.Normalize(vmin=0.0, vmax=max(_upper(g) for g in grids))
+    fig = _new_figure(max(3.6 * len(panels) + 1.0, 6.0), 4.0)
+    axes = np.atleast_1d(fig.subplots(1, len(panels), sharey=True))
+    image = None
+    for ax, (label, _, _), grid in zip(axes, panels, grids, strict=True):
+        image = ax.pcolormesh(ratios, advantages, grid, shading="auto", cmap=SEQUENTIAL_CMAP,
+                              norm=norm)
+        ax.axvline(1.0, color="white", lw=0.8)
+        for bound in (1.0 - clip_eps, 1.0 + clip_eps):
+            ax.axvline(bound, color="white", lw=0.6, ls="--")
+        ax.axhline(0.0, color="white", lw=0.6, ls=":")
+        _format_ratio_axis(ax, ratio_range, log_ratio)
+        ax.set_xlabel("ratio r" + (" (log scale)" if log_ratio else ""))
+        ax.set_title(label, fontsize="medium")
+    axes[0].set_ylabel("advantage A")
+    fig.colorbar(image, ax=list(axes), label="drift D(r, A)", shrink=0.9, pad=0.01)
+    fig.suptitle(title or "Drifts on one colour scale (white: r = 1, dashed: PPO's clip "
+                          f"range 1 ± {clip_eps:g}, dotted: A = 0)")
+    return fig
+
+
+def plot_drift_slices(
+    drifts: Mapping[str, DriftFn],
+    *,
+    references: Sequence[str] = ("ppo", "dpo"),
+    ratio_range: tuple[float, float] = (0.5, 2.0),
+    log_ratio: bool = True,
+    slice_advantages: Sequence[float] = (1.0, -1.0),
+    progress: float = 0.0,
+    clip_eps: float = 0.2,
+    num_points: int = 201,
+    title: str | None = None,
+) -> Figure:
+    """Several drifts overlaid as slices at fixed advantages (one panel per advantage),
+    with the reference drifts in black / green: e.g. the search means of several runs.
+
+    Args:
+        drifts: ``{label: drift_fn}``, one line each.
+        references, progress, ratio_range, log_ratio, slice_advantages, clip_eps,
+        num_points, title: as in :func:`plot_drift`.
+    """
+    if not drifts:
+        raise ValueError("plot_drift_slices: no drift to draw")
+    refs = _reference_drifts(references, clip_eps)
+    ratios = _ratio_grid(ratio_range, num_points, log_ratio)
+    fig = _new_figure(4.6 * len(slice_advantages) + 0.6, 4.2)
+    axes = np.atleast_1d(fig.subplots(1, len(slice_advantages)))
+    for ax, a in zip(axes, slice_advantages, strict=True):
+        ones = np.full_like(ratios, a)
+        for index, (label, fn) in enumerate(drifts.items()):
+            values = _evaluate_drift(fn, ratios, ones, progress if _takes_progress(fn) else None)
+            ax.plot(ratios, values, color=CANDIDATE_COLOURS[index % len(CANDIDATE_COLOURS)],
+                    lw=1.8, label=str(label))
+        for ref_label, (ref_fn, style) in refs.items():
+            ax.plot(ratios, _evaluate_drift(ref_fn, ratios, ones), label=ref_label, **style)
+        _finish_drift_slice(ax, ratio_range, log_ratio, "drift D(r, A)",
+                            f"slice at A = {a:+g}")
+    fig.suptitle(title or f"{len(drifts)} drifts at fixed advantages")
+    return fig
+
+
 def _upper(values: np.ndarray) -> float:
     finite = values[np.isfinite(values)]
     top = float(finite.max()) if finite.size else 1.0

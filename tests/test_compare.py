@@ -12,9 +12,16 @@ import jax
 import pytest
 
 from metarl import cli
-from metarl.compare import compare_runs, flatten, format_comparison, plot_comparison
+from metarl.compare import (
+    compare_runs,
+    flatten,
+    format_comparison,
+    plot_comparison,
+    verdicts,
+)
 from metarl.config import config_from_dict
 from metarl.run import CONFIG_FILE, MEAN_FILE, METRICS_FILE, RunError, save_meta_params
+from metarl.runs.evaluations import save_record
 
 
 def write_run(path, sigma, seed, objective="value_distance", fitness=(1.0, 2.0, 3.0)):
@@ -82,6 +89,50 @@ def test_the_command_line_prints_and_saves(runs, tmp_path, capsys):
     assert (out / "comparison.txt").read_text().startswith("run")
     assert cli.main(["compare", str(tmp_path / "missing")]) == 2
     assert "missing" in capsys.readouterr().err
+
+
+def write_evaluation(run_dir, rows):
+    """An evaluation record holding ``(env, objective, mean, ci_low, ci_high)`` rows."""
+    results = [{"env_id": env, "objective": objective, "mean": mean, "ci_low": low,
+                "ci_high": high, "returns": [], "invalid": 0, "curves": []}
+               for env, objective, mean, low, high in rows]
+    save_record(run_dir, {"objective": "value_distance", "metric": "mean_return",
+                          "seeds": 16, "results": results})
+
+
+def test_verdicts_count_runs_whose_interval_excludes_the_baselines_mean(runs):
+    write_evaluation(runs[0], [("CartPole-v1", "evolved", 220.0, 210.0, 230.0),
+                               ("CartPole-v1", "l2", 195.0, 188.0, 202.0)])
+    write_evaluation(runs[1], [("CartPole-v1", "evolved", 200.0, 190.0, 210.0),
+                               ("CartPole-v1", "l2", 195.0, 188.0, 202.0)])
+    # a later evaluation of the same pair replaces the earlier one; another env adds to it
+    write_evaluation(runs[1], [("CartPole-v1", "evolved", 150.0, 140.0, 160.0),
+                               ("CartPole-v1", "l2", 195.0, 188.0, 202.0),
+                               ("Acrobot-v1", "evolved", -300.0, -320.0, -280.0),
+                               ("Acrobot-v1", "l2", -350.0, -370.0, -330.0)])
+    comparison = compare_runs(runs)
+    found = {(v.run, v.env_id): v.outcome for v in verdicts(comparison)}
+    assert found == {("a/vd", "CartPole-v1"): "better", ("b/vd", "CartPole-v1"): "worse",
+                     ("b/vd", "Acrobot-v1"): "better"}
+    table = format_comparison(comparison)
+    assert "vs baseline" in table
+    line = next(ln for ln in table.splitlines() if ln.startswith("CartPole-v1  l2"))
+    assert line.split()[2:] == ["1", "0", "1", "2"]  # better, tie, worse, runs
+
+
+def test_the_evaluations_figure_has_a_panel_per_environment_and_a_row_per_run(runs):
+    write_evaluation(runs[0], [("CartPole-v1", "evolved", 220.0, 210.0, 230.0),
+                               ("CartPole-v1", "l2", 195.0, 188.0, 202.0),
+                               ("Acrobot-v1", "evolved", -300.0, -320.0, -280.0)])
+    write_evaluation(runs[2], [("CartPole-v1", "evolved", 190.0, 180.0, 200.0),
+                               ("CartPole-v1", "l2", 195.0, 188.0, 202.0)])
+    figures = plot_comparison(compare_runs(runs))
+    assert "evaluations" in figures
+    axes = figures["evaluations"].axes
+    assert [ax.get_title() for ax in axes] == ["CartPole-v1", "Acrobot-v1"]
+    assert [t.get_text() for t in axes[0].get_yticklabels()] == ["a/vd", "c"]
+    assert [t.get_text() for t in axes[0].get_legend().get_texts()] == ["evolved", "l2"]
+    assert "evaluations" not in plot_comparison(compare_runs(runs[1:2]))
 
 
 def test_a_missing_run_is_a_clear_error(tmp_path):

@@ -27,7 +27,7 @@ NOTEBOOKS = sorted(NOTEBOOK_DIR.glob("*.ipynb"))
 # for that notebook.
 TINY = {"GENERATIONS": 2, "POPULATION_SIZE": 2, "TOTAL_TIMESTEPS": 2048}
 EXTRA = {"02_value_distance.ipynb": {"EVAL_SEEDS": 2}, "04_resume.ipynb": {"RESUME_TO": 3},
-         "06_pbt.ipynb": {"SEGMENTS": 2}}
+         "06_pbt.ipynb": {"SEGMENTS": 2}, "07_policy_objectives.ipynb": {"GRID_POINTS": 31}}
 
 CELL_TIMEOUT = 420  # seconds per cell (the first compilation of a generation step)
 NOTEBOOK_TIMEOUT = 600  # seconds per notebook, through pytest-timeout
@@ -57,6 +57,7 @@ def test_notebooks_exist():
     assert names == [
         "01_quickstart.ipynb", "02_value_distance.ipynb", "03_lpo_drift.ipynb",
         "04_resume.ipynb", "05_sac_population.ipynb", "06_pbt.ipynb",
+        "07_policy_objectives.ipynb",
     ]
 
 

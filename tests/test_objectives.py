@@ -256,6 +256,17 @@ def test_lpo_ppo_init_equals_ppo_clip(name, clip_eps):
     )
 
 
+@pytest.mark.parametrize("name", ["lpo", "ta_lpo"])
+def test_lpo_zero_init_starts_at_the_unpenalised_surrogate(name):
+    inputs = random_inputs(6, batch=N, clip_eps=0.2, progress=0.3)
+    meta = _init(name, zero_init=True)
+    assert not np.any(np.asarray(meta["policy"]["layers"][-1]["w"]))
+    assert np.any(np.asarray(meta["policy"]["layers"][0]["w"]))  # hidden layers are random
+    np.testing.assert_allclose(
+        _jitted_policy_loss(name, zero_init=True)(meta, inputs),
+        -np.mean(np.asarray(inputs.ratio) * np.asarray(inputs.advantages)), rtol=1e-5)
+
+
 def test_lpo_loss_matches_drift_function():
     meta = {"policy": random_drift_params(ta_lpo, 7, 3.0), "value": {}}
     inputs = random_inputs(8, batch=N, progress=0.4)

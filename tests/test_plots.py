@@ -231,6 +231,43 @@ def test_plot_temporal_drift(ta_lpo_params):
         assert ax.get_ylabel()
 
 
+def test_plot_drift_comparison_puts_every_drift_on_one_colour_scale(lpo_params):
+    evolved = lpo.drift_fn(lpo_params["policy"])
+    fig = plots.plot_drift_comparison({"evolved": evolved}, num_points=31)
+    assert_labelled(fig)
+    maps = content_axes(fig)
+    assert [ax.get_title() for ax in maps][0] == "evolved"
+    assert maps[1].get_title().startswith("PPO clip") and maps[2].get_title().startswith("DPO")
+    assert len(colorbars(fig)) == 1
+    assert len({(m.collections[0].norm.vmin, m.collections[0].norm.vmax) for m in maps}) == 1
+    # the PPO panel holds PPO's clipping drift: largest at r = 2, A = 2, (2 - 1.2) * 2
+    assert np.asarray(maps[1].collections[0].get_array()).max() == pytest.approx(1.6, rel=1e-4)
+    alone = plots.plot_drift_comparison({"evolved": evolved}, references=(), num_points=21)
+    assert len(content_axes(alone)) == 1
+
+
+def test_plot_drift_comparison_evaluates_a_temporal_drift_at_the_progress(ta_lpo_params):
+    drift_fn = ta_lpo.drift_fn(ta_lpo_params["policy"])
+    grids = [np.asarray(content_axes(plots.plot_drift_comparison(
+        {"ta": drift_fn}, references=(), progress=p, num_points=21))[0]
+        .collections[0].get_array()) for p in (0.0, 1.0)]
+    assert not np.allclose(*grids)
+
+
+def test_plot_drift_slices_overlays_every_drift(lpo_params, key):
+    other = jax.tree.map(lambda x: 1.5 * x, lpo_params["policy"])
+    drifts = {"run 0": lpo.drift_fn(lpo_params["policy"]), "run 1": lpo.drift_fn(other)}
+    fig = plots.plot_drift_slices(drifts, num_points=41)
+    assert_labelled(fig)
+    plus, minus = content_axes(fig)
+    for ax in (plus, minus):
+        texts = legend_texts(ax)
+        assert texts[:2] == ["run 0", "run 1"]
+        assert any(t.startswith("PPO clip") for t in texts)
+    with pytest.raises(ValueError, match="no drift"):
+        plots.plot_drift_slices({})
+
+
 def test_plot_temporal_drift_needs_progress():
     with pytest.raises(ValueError, match="progress"):
         plots.plot_temporal_drift(dpo.drift)
@@ -372,9 +409,10 @@ def fake_run(run_dir: Path, objective: str) -> Path:
 
 
 @pytest.mark.parametrize("objective, expected", [
-    ("lpo", ["fitness.png", "drift_mean.png", "drift_best.png"]),
+    ("lpo", ["fitness.png", "drift_mean.png", "drift_best.png", "drift_side_by_side.png",
+             "drift_slices.png"]),
     ("ta_lpo", ["fitness.png", "drift_mean.png", "temporal_drift_mean.png", "drift_best.png",
-                "temporal_drift_best.png"]),
+                "temporal_drift_best.png", "drift_side_by_side.png", "drift_slices.png"]),
 ])
 def test_plot_run_drift_objectives(tmp_path, objective, expected):
     run_dir = fake_run(tmp_path / objective, objective)

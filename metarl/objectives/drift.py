@@ -36,17 +36,26 @@ class DriftFunction:
 def drift_figures(request: RunFigureRequest,
                   drift_of: Callable[[Any, float, bool], DriftFunction]) -> dict[str, Any]:
     """The drift of each candidate as a heatmap with slices (``drift_<which>``), plus its
-    change over training (``temporal_drift_<which>``) when it depends on progress.
+    change over training (``temporal_drift_<which>``) when it depends on progress; then every
+    candidate next to PPO's and DPO's drifts as heatmaps on one colour scale
+    (``drift_side_by_side``) and, with several candidates (the mean and best of a run, or
+    the search means of several runs in ``metarl compare``), all of them overlaid as slices
+    at ``A = ±1`` (``drift_slices``).
 
     Args:
         request: the run (see :class:`~metarl.objectives.registry.RunFigureRequest`).
         drift_of: ``(policy_meta_params, clip_eps, ppo_init) -> DriftFunction``.
     """
-    from metarl.plots import plot_drift, plot_temporal_drift  # matplotlib only when drawing
+    from metarl.plots import (  # matplotlib only when drawing
+        plot_drift,
+        plot_drift_comparison,
+        plot_drift_slices,
+        plot_temporal_drift,
+    )
 
     clip_eps = float(getattr(request.inner, "clip_eps", 0.2))
     ppo_init = bool(request.options.get("ppo_init", False))
-    figures = {}
+    figures, drifts = {}, {}
     for which, params in request.candidates.items():
         drift_fn = drift_of(params["policy"], clip_eps, ppo_init)
         label = f"{drift_fn.label}, {request.label(which)}"
@@ -59,4 +68,18 @@ def drift_figures(request: RunFigureRequest,
             figures[f"temporal_drift_{which}"] = plot_temporal_drift(
                 drift_fn, label=label, clip_eps=clip_eps,
                 title=f"{request.run_name}: drift of the {request.label(which)} over training")
+        drifts[request.label(which)] = drift_fn
+    if not drifts:
+        return figures
+    uses_progress = any(fn.uses_progress for fn in drifts.values())
+    progress = 0.5 if uses_progress else 0.0
+    at = f" at training progress {progress:g}" if uses_progress else ""
+    figures["drift_side_by_side"] = plot_drift_comparison(
+        drifts, progress=progress, clip_eps=clip_eps,
+        title=f"{request.run_name}: learned drift{at} next to PPO's clip and DPO, one "
+              "colour scale")
+    if len(drifts) > 1:
+        figures["drift_slices"] = plot_drift_slices(
+            drifts, progress=progress, clip_eps=clip_eps,
+            title=f"{request.run_name}: {len(drifts)} learned drifts{at} at A = ±1")
     return figures

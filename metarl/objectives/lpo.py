@@ -18,7 +18,11 @@ With ``ppo_init=True`` the drift is PPO's clipping written as a drift plus the l
     drift(r, A) = relu((r - clip(r, 1-eps, 1+eps)) A) + relu(net(features) - 1e-4),
 
 where the first term equals ``r A - min(r A, clip(r, 1±eps) A)``; the network's output layer
-starts at zero, so the initial objective is exactly PPO's clipped surrogate.
+starts at zero, so the initial objective is exactly PPO's clipped surrogate. The learned part
+can then only add drift to PPO's: evolution can make the update more conservative than PPO's
+clip, never less. With ``zero_init=True`` (and no ``ppo_init``) the output layer starts at
+zero with nothing underneath: the search starts at the unpenalised surrogate ``r A`` and may
+reach drifts on either side of PPO's.
 
 The objective fills only PPO's policy slot (PPO keeps its clipped L2 value loss). The
 builder :func:`drift_term` takes the feature function as an argument;
@@ -146,16 +150,19 @@ def drift_term(
     num_features: int,
     hidden_sizes: Sequence[int] = DEFAULT_HIDDEN_SIZES,
     ppo_init: bool = False,
+    zero_init: bool = False,
 ) -> LossTerm:
     """Policy loss term ``-mean(r A - drift(r, A, ...))`` for a drift on ``feature_fn``.
 
     With ``ppo_init`` the term is named ``f"{name}_ppo_init"``, PPO's drift is added and the
     network's output layer starts at zero (so the initial loss is PPO's clipped surrogate).
+    With ``zero_init`` only the output layer starts at zero (the initial drift is zero).
     """
     hidden_sizes = tuple(int(h) for h in hidden_sizes)
 
     def init(key: jax.Array) -> dict:
-        return init_drift_net(key, num_features, hidden_sizes, zero_last=ppo_init)
+        return init_drift_net(key, num_features, hidden_sizes,
+                              zero_last=ppo_init or zero_init)
 
     def loss(meta_params: dict, inputs: LossInputs) -> jax.Array:
         penalty = drift_with_features(
@@ -229,8 +236,9 @@ def _figures(request) -> dict:
 @register_objective("lpo", slots=("policy",), algorithms=("ppo",), baselines=("ppo", "dpo"),
                      plot=_figures)
 def make_lpo(
-    hidden_sizes: Sequence[int] = DEFAULT_HIDDEN_SIZES, ppo_init: bool = False
+    hidden_sizes: Sequence[int] = DEFAULT_HIDDEN_SIZES, ppo_init: bool = False,
+    zero_init: bool = False,
 ) -> Objective:
-    """LPO's learned drift as PPO's policy loss."""
+    """LPO's learned drift as PPO's policy loss (``zero_init``: start at zero drift)."""
     return Objective(policy=drift_term("lpo", lpo_features, NUM_LPO_FEATURES, hidden_sizes,
-                                       ppo_init))
+                                       ppo_init, zero_init))

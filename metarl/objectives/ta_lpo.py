@@ -90,8 +90,10 @@ def _figures(request) -> dict:
 @register_objective("ta_lpo", slots=("policy",), algorithms=("ppo",),
                      baselines=("ppo", "dpo"), plot=_figures)
 def make_ta_lpo(
-    hidden_sizes: Sequence[int] = DEFAULT_HIDDEN_SIZES, ppo_init: bool = False
+    hidden_sizes: Sequence[int] = DEFAULT_HIDDEN_SIZES, ppo_init: bool = False,
+    zero_init: bool = False,
 ) -> Objective:
-    """Temporally-aware LPO drift as PPO's policy loss."""
+    """Temporally-aware LPO drift as PPO's policy loss (``zero_init``: start at zero
+    drift)."""
     return Objective(policy=drift_term("ta_lpo", ta_lpo_features, NUM_TA_LPO_FEATURES,
-                                       hidden_sizes, ppo_init))
+                                       hidden_sizes, ppo_init, zero_init))
