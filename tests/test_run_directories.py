@@ -642,8 +642,12 @@ def test_evaluations_accumulate_and_an_identical_one_is_reused(reference_run, tm
     names = [p.name for p in plot_run(run_dir)]
     assert names[-3:] == ["learning_curves.png", "learning_curves_1.png",
                           "learning_curves_2.png"]
+    # compare keeps one row per environment and objective: the latest evaluation's
     rows = compare_runs([run_dir]).runs[0].evaluations
-    assert len(rows) == 3 * 2  # evolved and l2 in each of the three
+    latest = list_records(run_dir)[-1]["results"]
+    assert rows == tuple((r["env_id"], r["objective"], r["mean"], r["ci_low"], r["ci_high"])
+                         for r in latest)
+    assert [row[1] for row in rows] == ["evolved", "l2"]
 
 
 # --------------------------------------------------------------------------------------
