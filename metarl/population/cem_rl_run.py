@@ -66,6 +66,7 @@ class CEMRLProgram:
         self.steps = config.method.generations
         self.hypers = self.run.hyperparams()
         self.generation = self.run.jit_generation()
+        self.agent_steps_per_step = self.run.steps_per_generation
 
     def init(self) -> CEMRLState:
         return jax.jit(self.run.init)(jax.random.PRNGKey(self.config.run.seed))
@@ -78,22 +79,16 @@ class CEMRLProgram:
         state, metrics = self.generation(state, self.hypers)
         return state, generation_record(metrics, self.config.method.num_elites)
 
-    def summary(self, generation: int, record: dict[str, Any], seconds: float,
-                history: list[dict[str, Any]]) -> dict[str, Any]:
+    def summary(self, generation: int, record: dict[str, Any]) -> dict[str, Any]:
         """The ``metrics.jsonl`` line of ``generation``: the record of
-        :func:`~metarl.population.cem_rl.generation_record` with the median fitness, the
-        best mean-actor return so far, validity and throughput."""
-        so_far = history[-1]["best_return_so_far"] if history else -np.inf
-        steps = self.run.steps_per_generation
+        :func:`~metarl.population.cem_rl.generation_record` with the median fitness and
+        which actors were valid."""
         return {
             STEP_KEY: generation,
             **record,
             "median_fitness": finite_stat(np.median, record["fitness"]),
-            "best_return_so_far": float(np.nanmax([so_far, record["mean_return"]])),
             "agent_steps": record["env_steps"],
             "finite": [bool(np.isfinite(f)) for f in record["fitness"]],
-            "seconds": seconds,
-            "agent_steps_per_second": steps / seconds if seconds > 0 else None,
         }
 
     @staticmethod

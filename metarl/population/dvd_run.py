@@ -67,7 +67,7 @@ class DvDProgram:
         self.steps = config.method.num_segments
         self.hypers = self.run.hyperparams()
         self.segment = self.run.jit_segment()
-        self.steps_per_segment = config.method.segment_updates * self.run.steps_per_update
+        self.agent_steps_per_step = config.method.segment_updates * self.run.steps_per_update
 
     def init(self) -> DvDState:
         return jax.jit(self.run.init)(jax.random.PRNGKey(self.config.run.seed))
@@ -79,22 +79,15 @@ class DvDProgram:
         state, metrics = self.segment(state, self.hypers)
         return state, segment_record(metrics)
 
-    def summary(self, segment: int, record: dict[str, Any], seconds: float,
-                history: list[dict[str, Any]]) -> dict[str, Any]:
+    def summary(self, segment: int, record: dict[str, Any]) -> dict[str, Any]:
         """The ``metrics.jsonl`` line of ``segment``: the record of
-        :func:`~metarl.population.dvd.segment_record` with the median return, the best
-        return so far and throughput (``finite`` is the record's: every parameter is
-        finite)."""
-        so_far = history[-1]["best_return_so_far"] if history else -np.inf
+        :func:`~metarl.population.dvd.segment_record` with the median return (``finite``
+        is the record's: every parameter is finite)."""
         return {
             STEP_KEY: segment,
             **record,
             "median_return": finite_stat(np.median, record["returns"]),
-            "best_return_so_far": float(np.nanmax([so_far, record["best_return"]])),
             "agent_steps": record["env_steps"],
-            "seconds": seconds,
-            "agent_steps_per_second": self.steps_per_segment / seconds if seconds > 0
-            else None,
         }
 
     @staticmethod

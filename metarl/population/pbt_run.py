@@ -32,7 +32,6 @@ continues bit for bit. :func:`run_pbt` starts a run, :func:`resume_pbt` continue
 from __future__ import annotations
 
 import dataclasses
-import math
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -254,8 +253,9 @@ class PBTProgram:
         self.mesh = mesh
         self.segments = self.steps = config.num_segments
         self.segment = make_segment(self.learner, config.pbt, config.run.chunk_size, mesh)
-        self.steps_per_segment = (config.pbt.population_size * config.pbt.segment_updates
-                                  * self.learner.steps_per_update)
+        self.steps_per_segment = self.agent_steps_per_step = (
+            config.pbt.population_size * config.pbt.segment_updates
+            * self.learner.steps_per_update)
 
     def init(self) -> dict[str, Any]:
         """The run's state before its first segment: ``states``, ``hypers``, ``key`` (the
@@ -290,33 +290,26 @@ class PBTProgram:
         return ({"states": states, "hypers": hypers, "key": state["key"],
                  "segment": state["segment"] + 1}, line)
 
-    def summary(self, segment: int, record: dict[str, Any], seconds: float,
-                history: list[dict[str, Any]]) -> dict[str, Any]:
+    def summary(self, segment: int, record: dict[str, Any]) -> dict[str, Any]:
         """The ``metrics.jsonl`` line of ``segment``: returns, every member's fitness and
-        hyperparameters, the exploit step that followed, throughput."""
+        hyperparameters, the exploit step that followed."""
         from metarl.sharding import num_shards
 
         fitness = np.asarray(record["fitness"], np.float64)
         updates = segment * self.config.pbt.segment_updates
-        best = finite_stat(np.max, fitness)
-        so_far = history[-1]["best_return_so_far"] if history else -math.inf
         return {
             STEP_KEY: segment,
             "updates": updates,
             "steps_per_member": updates * self.learner.steps_per_update,
             "agent_steps": segment * self.steps_per_segment,
-            "best_return": best,
+            "best_return": finite_stat(np.max, fitness),
             "median_return": finite_stat(np.median, fitness),
             "mean_return": finite_stat(np.mean, fitness),
-            "best_return_so_far": float(np.nanmax([so_far, best])),
             "best_member": int(np.nanargmax(np.where(np.isnan(fitness), -np.inf, fitness))),
             **record,
             "exploited": [int(m) for m in np.flatnonzero(record["replaced"])],
             "steps_per_update": self.learner.steps_per_update,
             "devices": num_shards(self.mesh),
-            "seconds": seconds,
-            "agent_steps_per_second": self.steps_per_segment / seconds if seconds > 0
-            else None,
         }
 
     @staticmethod

@@ -10,9 +10,11 @@ config. The program has:
 - ``init() -> state``: the state (a pytree of arrays) before the first step;
 - ``completed(state) -> int``: the steps ``state`` has done;
 - ``step(state) -> (state, record)``: one jitted step and its record as plain data;
-- ``summary(step, record, seconds, history) -> line``: the line of ``metrics.jsonl`` for
-  the step, given the lines before it (it holds ``finite`` -- whether each member, or the
-  population, stayed valid -- and the kind's ``score_key``);
+- ``agent_steps_per_step``: environment steps of the whole population in one step;
+- ``summary(step, record) -> line``: the line of ``metrics.jsonl`` for the step (it holds
+  ``finite`` -- whether each member, or the population, stayed valid -- and the kind's
+  ``score_key``); the engine adds ``best_return_so_far`` (the running maximum of the
+  score), ``seconds``, ``agent_steps_per_second`` and ``time``;
 - ``postfix(line) -> dict``: what the progress bar shows beside the step count.
 
 This module gives every such kind the guarantees of :mod:`metarl.runs` (one writer,
@@ -33,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import jax
+import numpy as np
 
 from metarl import distributed
 from metarl.config import ConfigError, read_config_data, upgrade_saved_config
@@ -202,7 +205,13 @@ def _train(kind: SteppedKind, program, state, run_dir: Path, history: list[dict]
             started = time.perf_counter()
             state, record = program.step(state)
             jax.block_until_ready(state)
-            line = program.summary(step, record, time.perf_counter() - started, history)
+            seconds = time.perf_counter() - started
+            line = program.summary(step, record)
+            so_far = history[-1]["best_return_so_far"] if history else -math.inf
+            line["best_return_so_far"] = float(np.nanmax([so_far, line[kind.score_key]]))
+            line["seconds"] = seconds
+            line["agent_steps_per_second"] = (program.agent_steps_per_step / seconds
+                                              if seconds > 0 else None)
             line["time"] = now()
             history.append(line)
             if limit and _invalid_streak(history) >= limit:
@@ -345,8 +354,6 @@ def load_run(kind: SteppedKind, run_dir: str | Path) -> SteppedRun:
 
 def finite_stat(fn, values) -> float:
     """``fn`` over the finite entries of ``values`` (NaN when there are none)."""
-    import numpy as np
-
     values = np.asarray(values, np.float64)
     finite = values[np.isfinite(values)]
     return float(fn(finite)) if finite.size else math.nan
