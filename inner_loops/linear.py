@@ -100,8 +100,24 @@ def _matmul_bwd(bfloat16, residuals, cotangent):
             lambda n: lax.dot_general(x, cotangent[..., n], over_leading), kernel.shape[1]
         )
     else:
-        kernel_grad = lax.dot_general(x, cotangent, over_leading)
+        kernel_grad = _transposed_product(x, cotangent)
     return x_grad, kernel_grad
+
+
+def _transposed_product(x: jax.Array, cotangent: jax.Array) -> jax.Array:
+    """``x.T @ cotangent`` over every leading axis: ``[..., K] x [..., N] -> [K, N]``.
+
+    Written as one ``dot_general`` contracting the leading axes, XLA's CPU backend hands
+    Eigen an operand whose contracted axis is not the contiguous one, and under ``vmap`` it
+    runs that batched dot on one thread at about half the speed of the forward product.
+    Transposing ``x`` into a ``[K, M]`` array first (kept as a copy by the optimisation
+    barrier, which stops XLA from folding the transpose back into the dot) makes it an
+    ordinary ``[K, M] x [M, N]`` product (``benchmarks/compare_revisions.py``).
+    """
+    rows = x.reshape(-1, x.shape[-1])
+    columns = cotangent.reshape(-1, cotangent.shape[-1])
+    x_transposed = lax.optimization_barrier(rows.T)
+    return _dot(x_transposed, columns, 1, 0)
 
 
 matmul.defvjp(_matmul_fwd, _matmul_bwd)
