@@ -36,7 +36,7 @@ def test_matmul_values_and_gradients_equal_the_plain_product(k, n):
         np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("k,n", [(4, 64), (64, 2)])
+@pytest.mark.parametrize("k,n", [(4, 64), (64, 2), (64, 64)])
 def test_matmul_under_vmap_matches_per_agent_products(k, n):
     population = 3
     xs, kernels, cotangents = zip(*(_inputs(k, n, seed=s) for s in range(population)),
