@@ -130,8 +130,8 @@ def final_returns(greedy, params, episodes: int) -> list[float]:
     from inner_loops.envs import make_vec_env
     from inner_loops.off_policy import evaluate_policy
 
-    env = make_vec_env("CartPole-v1", 1).env
-    max_steps = 500
+    vec_env = make_vec_env("CartPole-v1", 1)
+    env, max_steps = vec_env.env, vec_env.spec.max_episode_steps
     population = jax.tree.leaves(params)[0].shape[0]
     keys = jax.random.split(jax.random.PRNGKey(1), population)
 

@@ -109,7 +109,7 @@ def _transposed_product(x: jax.Array, cotangent: jax.Array) -> jax.Array:
 
     Written as one ``dot_general`` contracting the leading axes, XLA's CPU backend hands
     Eigen an operand whose contracted axis is not the contiguous one, and under ``vmap`` it
-    runs that batched dot on one thread at about half the speed of the forward product.
+    runs that batched dot on one thread, well below the forward product's speed.
     Transposing ``x`` into a ``[K, M]`` array first (kept as a copy by the optimisation
     barrier, which stops XLA from folding the transpose back into the dot) makes it an
     ordinary ``[K, M] x [M, N]`` product (``benchmarks/compare_revisions.py``).
