@@ -4,7 +4,8 @@ the persistent compilation cache, live in the root ``conftest.py``).
 On the CPU compilation dominates the cost of this suite (a PPO ``train`` compiles in seconds
 and then runs in milliseconds), so every backend compilation is recorded through
 ``jax.monitoring`` and summarised at the end of the run: how many, how long in total, and
-which tests paid the most. Tests can use the :func:`compilations` fixture to assert that
+which tests paid the most (gathered from every worker when pytest-xdist runs the suite in
+several processes). Tests can use the :func:`compilations` fixture to assert that
 something does *not* recompile (e.g. new hyperparameter values are traced, not static).
 """
 
@@ -68,6 +69,26 @@ def pytest_runtest_setup(item):
         return (yield)
     finally:
         _LOG.current_test = "<fixtures>"
+
+
+def pytest_sessionfinish(session):
+    # Under pytest-xdist each worker process keeps its own log; it hands it to the
+    # controlling process, which prints one summary for the whole suite.
+    worker_output = getattr(session.config, "workeroutput", None)
+    if worker_output is not None:
+        worker_output["compile_log"] = {
+            "events": _LOG.events, "cache_hits": _LOG.cache_hits,
+            "saved_seconds": _LOG.saved_seconds,
+        }
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    worker_log = getattr(node, "workeroutput", {}).get("compile_log")
+    if worker_log:
+        _LOG.events.extend(tuple(event) for event in worker_log["events"])
+        _LOG.cache_hits += worker_log["cache_hits"]
+        _LOG.saved_seconds += worker_log["saved_seconds"]
 
 
 def pytest_terminal_summary(terminalreporter):
