@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 from _subprocess_env import env_without_device_count, jax_cache_env
 
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
@@ -101,3 +102,35 @@ def test_vs_rejax_offpolicy_gives_both_libraries_the_same_budget():
         pass
     else:
         raise AssertionError("--hidden 128 accepted for td3")
+
+
+def test_compile_time_benchmark_runs_each_level_in_its_own_process():
+    # PPO's smallest run (one update), twice at the suite's level: compiling XLA's default
+    # level as well would double this test's cost for no more coverage
+    command = [sys.executable, str(BENCHMARKS / "compile_time.py"), "--algorithms", "ppo",
+               "--levels", "1", "1", "--population", "1", "--repeats", "1",
+               "--total-timesteps", "512"]
+    out = subprocess.run(command, env=env_without_device_count(), capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    report = json.loads(out.stdout)
+    assert report["settings"] == {"ppo": {"total_timesteps": 512}}
+    row = report["results"]["ppo"]["1"]
+    assert row["compile_seconds"] > 0 and row["run_seconds"] > 0
+    # the two children compiled and ran the same program: bit for bit the same outputs
+    assert row["identical_to_first"] and row["max_difference_to_first"] == 0.0
+
+
+def test_compile_time_benchmark_finds_the_largest_difference_between_outputs(tmp_path):
+    compile_time = _load_benchmark("compile_time")
+    first, other = tmp_path / "first.npz", tmp_path / "other.npz"
+    np.savez(first, np.array([1.0, 2.0], np.float32), np.arange(3), np.zeros((0,)))
+    np.savez(other, np.array([1.0, 2.5], np.float32), np.arange(3), np.zeros((0,)))
+    assert compile_time.max_difference(str(first), str(other)) == 0.5
+    assert compile_time.max_difference(str(first), str(first)) == 0.0
+
+
+def test_compile_time_benchmark_refuses_levels_xla_does_not_have():
+    out = subprocess.run([sys.executable, str(BENCHMARKS / "compile_time.py"), "--levels",
+                          "3", "4"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "0 to 3" in out.stderr
