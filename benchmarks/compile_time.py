@@ -12,8 +12,11 @@ level did, and ``max_difference_to_first`` the largest absolute difference of an
     python benchmarks/compile_time.py                         # levels 3 and 1, all learners
     python benchmarks/compile_time.py --levels 3 2 1 --algorithms ppo td3 --population 16
 
-Prints one JSON document: per learner and level, compile and run seconds, and the ratios of
-the first level's times to each other level's.
+A level may be given twice (``--levels 1 1``): each entry is its own child process, so
+that shows whether one level compiles to the same results from one process to the next.
+
+Prints one JSON document: per learner, one row per ``--levels`` entry in order, with its
+compile and run seconds and the ratios of the first entry's times to its own.
 """
 
 from __future__ import annotations
@@ -37,6 +40,13 @@ SETTINGS = {
 }
 
 
+def settings_for(algorithm: str, total_timesteps: int | None) -> dict:
+    """The learner's config fields: :data:`SETTINGS`, with ``total_timesteps`` if given."""
+    if total_timesteps is None:
+        return dict(SETTINGS[algorithm])
+    return {**SETTINGS[algorithm], "total_timesteps": total_timesteps}
+
+
 def measure(algorithm: str, population: int, repeats: int, outputs: str,
             total_timesteps: int | None = None) -> dict:
     """Compile and run one learner's population program in this process; its outputs
@@ -46,10 +56,7 @@ def measure(algorithm: str, population: int, repeats: int, outputs: str,
 
     from inner_loops import get_algorithm, make_learner
 
-    settings = dict(SETTINGS[algorithm])
-    if total_timesteps is not None:
-        settings["total_timesteps"] = total_timesteps
-    config = get_algorithm(algorithm).config_class(**settings)
+    config = get_algorithm(algorithm).config_class(**settings_for(algorithm, total_timesteps))
     learner = make_learner(config)
 
     def run(key):
@@ -93,8 +100,10 @@ def in_child(algorithm: str, level: int, population: int, repeats: int, outputs:
     child = subprocess.run(
         [sys.executable, __file__, "--child", algorithm, str(population), str(repeats),
          outputs, str(total_timesteps or 0)],
-        env=env, capture_output=True, text=True, check=True,
+        env=env, capture_output=True, text=True,
     )
+    if child.returncode != 0:  # the child's own error (say, a setting its config refuses)
+        raise SystemExit(f"{algorithm} at level {level} failed:\n{child.stderr[-3000:]}")
     return json.loads(child.stdout.strip().splitlines()[-1])
 
 
@@ -120,24 +129,23 @@ def main() -> None:
     results = {}
     folder = tempfile.mkdtemp(prefix="compile_time_")
     for algorithm in args.algorithms:
-        by_level = {}
-        for level in args.levels:
-            outputs = os.path.join(folder, f"{algorithm}_{level}.npz")
-            by_level[level] = in_child(algorithm, level, args.population, args.repeats,
-                                       outputs, args.total_timesteps)
-            print(json.dumps({algorithm: {level: by_level[level]}}), file=sys.stderr,
-                  flush=True)
-        first = by_level[args.levels[0]]
-        for level, result in by_level.items():
-            result["compile_ratio_first_over_this"] = round(
-                first["compile_seconds"] / result["compile_seconds"], 2)
-            result["run_ratio_first_over_this"] = round(
-                first["run_seconds"] / result["run_seconds"], 2)
-            result["identical_to_first"] = result["fingerprint"] == first["fingerprint"]
-            result["max_difference_to_first"] = max_difference(
-                os.path.join(folder, f"{algorithm}_{args.levels[0]}.npz"),
-                os.path.join(folder, f"{algorithm}_{level}.npz"))
-        results[algorithm] = {str(level): result for level, result in by_level.items()}
+        outputs = [os.path.join(folder, f"{algorithm}_{index}.npz")
+                   for index in range(len(args.levels))]
+        rows = []
+        for level, path in zip(args.levels, outputs, strict=True):
+            rows.append({"level": level, **in_child(algorithm, level, args.population,
+                                                    args.repeats, path,
+                                                    args.total_timesteps)})
+            print(json.dumps({algorithm: rows[-1]}), file=sys.stderr, flush=True)
+        first = rows[0]
+        for row, path in zip(rows, outputs, strict=True):
+            row["compile_ratio_first_over_this"] = round(
+                first["compile_seconds"] / row["compile_seconds"], 2)
+            row["run_ratio_first_over_this"] = round(
+                first["run_seconds"] / row["run_seconds"], 2)
+            row["identical_to_first"] = row["fingerprint"] == first["fingerprint"]
+            row["max_difference_to_first"] = max_difference(outputs[0], path)
+        results[algorithm] = rows
 
     shutil.rmtree(folder)
     import jax
@@ -149,8 +157,7 @@ def main() -> None:
         **cpu(),
         "jax": jax.__version__,
         "population": args.population,
-        "settings": {name: {**SETTINGS[name], **({"total_timesteps": args.total_timesteps}
-                                                  if args.total_timesteps else {})}
+        "settings": {name: settings_for(name, args.total_timesteps)
                      for name in args.algorithms},
         "results": results,
     }, indent=1))

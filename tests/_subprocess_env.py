@@ -26,11 +26,9 @@ def env_without_device_count(**extra: str) -> dict[str, str]:
     """This process's environment minus any CPU device count the user set, plus ``extra``:
     a child then chooses its own count (the ``metarl`` CLI: one device per core). Other
     ``XLA_FLAGS`` (the suite's optimisation level) are passed on."""
-    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_NUM_CPU_DEVICES")}
-    flags = [flag for flag in os.environ.get("XLA_FLAGS", "").split()
-             if not flag.startswith("--xla_force_host_platform_device_count")]
-    if flags:
-        env["XLA_FLAGS"] = " ".join(flags)
+    env = {k: v for k, v in os.environ.items() if k != "JAX_NUM_CPU_DEVICES"}
+    env["XLA_FLAGS"] = " ".join(flag for flag in env.pop("XLA_FLAGS", "").split()
+                                if not flag.startswith("--xla_force_host_platform_device_count"))
     return {**env, **extra}
 
 

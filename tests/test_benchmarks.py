@@ -115,7 +115,8 @@ def test_compile_time_benchmark_runs_each_level_in_its_own_process():
     assert out.returncode == 0, out.stderr[-3000:]
     report = json.loads(out.stdout)
     assert report["settings"] == {"ppo": {"total_timesteps": 512}}
-    row = report["results"]["ppo"]["1"]
+    first, row = report["results"]["ppo"]
+    assert first["level"] == row["level"] == 1
     assert row["compile_seconds"] > 0 and row["run_seconds"] > 0
     # the two children compiled and ran the same program: bit for bit the same outputs
     assert row["identical_to_first"] and row["max_difference_to_first"] == 0.0
