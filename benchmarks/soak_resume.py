@@ -31,7 +31,7 @@ import tempfile
 import time
 from pathlib import Path
 
-TIMING_FIELDS = ("seconds", "agent_steps_per_second")
+TIMING_FIELDS = ("seconds", "agent_steps_per_second", "time")
 CONFIG = """
 name = "soak"
 [objective]

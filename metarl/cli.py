@@ -54,28 +54,19 @@ def _report(result, no_plots: bool) -> int:
     """Summarise a finished run (and plot it) on the process that owns the files."""
     if not distributed.is_primary():
         return 0
-    from metarl.kinds import EVOLVE, config_kind, population_kind
+    from metarl.kinds import config_kind, kind_spec
 
-    kind = config_kind(result.config)
-    if kind != EVOLVE:
-        print(population_kind(kind).describe_run(result))
-        if not no_plots and result.history:
-            _plot_quietly(result.run_dir)
-        return 0
-    last = result.history[-1]
-    print(f"run directory: {result.run_dir}")
-    print(f"generations: {last['generation']}  best fitness so far: "
-          f"{last['best_fitness_so_far']:.4g}  last mean fitness: {last['mean_fitness']:.4g}")
+    print(kind_spec(config_kind(result.config)).describe_run(result))
     if result.plots:  # drawn already, for the trackers
         print(f"plots: {', '.join(str(p) for p in result.plots)}")
-    elif not no_plots:
+    elif not no_plots and result.history:
         _plot_quietly(result.run_dir)
     return 0
 
 
 def _evaluate_population(args, kind: str) -> int:
     """Evaluate a population run (pbt, cem_rl, dvd): its final members / result."""
-    from metarl.kinds import population_kind
+    from metarl.kinds import kind_spec
 
     ignored = [flag for flag, value, default in (
         ("--env", args.env, []), ("--seeds", args.seeds, 16), ("--baselines", args.baselines,
@@ -87,7 +78,7 @@ def _evaluate_population(args, kind: str) -> int:
 
         raise ConfigError(f"{', '.join(ignored)}: only for evolution runs; a {kind} run is "
                           "evaluated on its final population (--eval-seed, --rerun)")
-    spec = population_kind(kind)
+    spec = kind_spec(kind)
     report = spec.evaluate(args.run_dir, args.eval_seed, rerun=args.rerun)
     print(spec.format_evaluation(report))
     print(("reusing " if report.get("reused") else "saved ") + str(report["path"]))

@@ -22,8 +22,8 @@ from metarl.evolution import build_learner
 from metarl.fitness import run_is_valid, run_return
 from metarl.objectives import available_objectives, get_objective, make_objective
 from metarl.run import BEST_FILE, MEAN_FILE, load_meta_params, read_run_config
-from metarl.runs.evaluations import LEGACY_FILE, find_same, list_records, save_record
-from metarl.runs.layout import EVALUATIONS_DIR, RunError, now, read_metrics
+from metarl.runs.evaluations import LEGACY_FILE, list_records, saved_evaluation
+from metarl.runs.layout import EVALUATIONS_DIR, RunError, read_metrics
 
 EVALUATION_FILE = LEGACY_FILE  # one file per run before evaluations accumulated
 __all__ = ["EVALUATIONS_DIR", "EVALUATION_FILE", "ObjectiveResult", "bootstrap_ci",
@@ -181,39 +181,32 @@ def evaluate_run(run_dir: str | Path, env_ids: list[str] | None = None, seeds: i
         "fitness": {"metric": config.fitness.metric,
                     "final_fraction": config.fitness.final_fraction},
     }
-    earlier = find_same(run_dir, spec)
-    if earlier is not None and not rerun:
-        return {**earlier, "reused": True}
-    results = []
-    for inner in inners:
-        results.append(evaluate_objective(objective, meta_params, inner, config.fitness,
-                                          seeds, eval_seed, EVOLVED))
-        for name in baselines:
-            baseline = make_objective(name)
-            results.append(evaluate_objective(
-                baseline, baseline.init(jax.random.PRNGKey(0)), inner, config.fitness,
-                seeds, eval_seed, name,
-            ))
-    try:
-        generation = read_metrics(run_dir)[-1]["generation"]
-    except (RunError, IndexError, KeyError):
-        generation = None
-    report = {
-        "run_dir": str(run_dir),
-        "created": now(),
-        "objective": config.objective.name,
-        "meta_params": which,
-        "meta_params_generation": generation,
-        "metric": config.fitness.metric,
-        "seeds": seeds,
-        "eval_seed": eval_seed,
-        "spec": spec,
-        "results": [r.__dict__ for r in results],
-    }
-    replace = earlier["path"] if earlier is not None and earlier["id"] != "legacy" else None
-    path = save_record(run_dir, report, replace=replace)
-    return {**report, "path": str(path), "id": int(path.stem), "reused": False,
-            "replaced": replace is not None}
+    def compute() -> dict[str, Any]:
+        results = []
+        for inner in inners:
+            results.append(evaluate_objective(objective, meta_params, inner, config.fitness,
+                                              seeds, eval_seed, EVOLVED))
+            for name in baselines:
+                baseline = make_objective(name)
+                results.append(evaluate_objective(
+                    baseline, baseline.init(jax.random.PRNGKey(0)), inner, config.fitness,
+                    seeds, eval_seed, name,
+                ))
+        try:
+            generation = read_metrics(run_dir)[-1]["generation"]
+        except (RunError, IndexError, KeyError):
+            generation = None
+        return {
+            "objective": config.objective.name,
+            "meta_params": which,
+            "meta_params_generation": generation,
+            "metric": config.fitness.metric,
+            "seeds": seeds,
+            "eval_seed": eval_seed,
+            "results": [r.__dict__ for r in results],
+        }
+
+    return saved_evaluation(run_dir, spec, compute, rerun)
 
 
 def format_table(report: dict[str, Any]) -> str:

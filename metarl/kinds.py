@@ -11,9 +11,8 @@ directory's kind is the ``kind`` of its ``config.json`` (evolution runs write no
   actors sharing a critic);
 - ``dvd``: :mod:`metarl.population.dvd_run` (TD3 actors trained to be diverse).
 
-The population kinds each describe themselves with a
-:class:`~metarl.population.stepped_run.SteppedKind` (their module's ``RUN_KIND``) and run
-on :mod:`metarl.population.stepped_run`.
+Each kind describes itself with a :class:`~metarl.runs.engine.RunKind` (its module's
+``RUN_KIND``), and all run on :mod:`metarl.runs.engine`.
 
 Importing this module starts no JAX computation.
 """
@@ -28,12 +27,13 @@ from metarl.config import ConfigError, apply_overrides, read_config_data
 from metarl.runs.layout import CONFIG_FILE, RunError, read_json
 
 EVOLVE, PBT, CEM_RL, DVD = "evolve", "pbt", "cem_rl", "dvd"
-POPULATION_KINDS = {
+KIND_MODULES = {
+    EVOLVE: "metarl.run",
     PBT: "metarl.population.pbt_run",
     CEM_RL: "metarl.population.cem_rl_run",
     DVD: "metarl.population.dvd_run",
 }
-KINDS = (EVOLVE, *POPULATION_KINDS)
+KINDS = tuple(KIND_MODULES)
 
 
 def kind_of(data: dict[str, Any]) -> str:
@@ -44,19 +44,14 @@ def kind_of(data: dict[str, Any]) -> str:
     return kind
 
 
-def population_kind(kind: str):
-    """The :class:`~metarl.population.stepped_run.SteppedKind` of a population kind."""
-    return importlib.import_module(POPULATION_KINDS[kind]).RUN_KIND
+def kind_spec(kind: str):
+    """The :class:`~metarl.runs.engine.RunKind` of ``kind``."""
+    return importlib.import_module(KIND_MODULES[kind]).RUN_KIND
 
 
 def experiment_from_dict(data: dict[str, Any]):
     """The typed, validated config of ``data``'s kind."""
-    kind = kind_of(data)
-    if kind != EVOLVE:
-        return population_kind(kind).from_dict(data)
-    from metarl.config import config_from_dict
-
-    return config_from_dict(data)
+    return kind_spec(kind_of(data)).from_dict(data)
 
 
 def load_experiment(path: str | Path, overrides: list[str] | None = None):
@@ -84,45 +79,22 @@ def run_kind(run_dir: str | Path) -> str:
 
 def start(config, run_dir: str | Path | None = None):
     """Start a run of ``config`` (any kind) in ``run_dir`` (a fresh directory by default)."""
-    kind = config_kind(config)
-    if kind != EVOLVE:
-        from metarl.population.stepped_run import start_run
+    from metarl.runs.engine import start_run
 
-        return start_run(population_kind(kind), config, run_dir)
-    from metarl.run import evolve
-
-    return evolve(config, run_dir)
+    return start_run(kind_spec(config_kind(config)), config, run_dir)
 
 
 def resume(run_dir: str | Path, generations: int | None = None,
            accept_config_change: bool = False, trackers: tuple[str, ...] | None = None):
-    """Continue the run in ``run_dir``, whatever its kind; ``trackers`` (``--track``)
-    replaces ``run.trackers`` of an evolution run from here on."""
-    kind = run_kind(run_dir)
-    if kind != EVOLVE:
-        if generations is not None:
-            raise ConfigError(
-                f"--generations: a {kind} run's budget also shapes its schedules "
-                "(learning-rate annealing, exploration, noise decay), so it cannot be "
-                "extended; start a new run to train longer")
-        from metarl.population.stepped_run import resume_run
+    """Continue the run in ``run_dir``, whatever its kind (:func:`metarl.runs.engine.
+    resume_run`): ``generations`` extends an evolution run's budget (other kinds refuse
+    it), ``trackers`` (``--track``) replaces ``run.trackers`` from here on."""
+    from metarl.runs.engine import resume_run
 
-        spec = population_kind(kind)
-        if trackers is not None and tuple(trackers) != spec.read_config(run_dir).run.trackers:
-            raise ConfigError(
-                f"--track: a {kind} run keeps the trackers it was started with "
-                "(run.trackers); start it with the trackers it should use")
-        return resume_run(spec, run_dir, accept_config_change)
-    from metarl.run import resume as resume_evolve
-
-    return resume_evolve(run_dir, generations, accept_config_change, trackers)
+    return resume_run(kind_spec(run_kind(run_dir)), run_dir, generations,
+                      accept_config_change, trackers)
 
 
 def plot(run_dir: str | Path) -> list[Path]:
     """Write the figures of the run in ``run_dir`` and return their paths."""
-    kind = run_kind(run_dir)
-    if kind != EVOLVE:
-        return population_kind(kind).plot(run_dir)
-    from metarl.plots import plot_run
-
-    return plot_run(run_dir)
+    return kind_spec(run_kind(run_dir)).plot(run_dir)

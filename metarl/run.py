@@ -6,41 +6,30 @@ metrics, status, lock, checkpoints, evaluations, plots) and, for evolution::
     best_meta_params.msgpack   best candidate so far (flax msgpack)
     mean_meta_params.msgpack   current centre of the search distribution
 
-:func:`evolve` starts a run, :func:`resume` continues one by the rules of
-:mod:`metarl.runs.resume` (from its newest usable checkpoint, or from the beginning when it
-never reached one), :func:`load_run` reads one back for evaluation and plots. Both
-:func:`evolve` and :func:`resume` hold the directory's lock while they write
-(:mod:`metarl.runs.lock`), and stop with :class:`RunStopped` when every candidate has been
-invalid for ``run.max_invalid_generations`` generations in a row.
+Evolution runs on the engine every run kind shares (:mod:`metarl.runs.engine`), one
+generation per step: :func:`evolve` starts a run, :func:`resume` continues one by the rules
+of :mod:`metarl.runs.resume` (from its newest usable checkpoint, or from the beginning when
+it never reached one; ``es.generations`` may grow, since it shapes no schedule),
+:func:`load_run` reads one back for evaluation and plots. Both :func:`evolve` and
+:func:`resume` hold the directory's lock while they write (:mod:`metarl.runs.lock`), and
+stop with :class:`RunStopped` when every candidate has been invalid for
+``run.max_invalid_generations`` generations in a row.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
-import time
-import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import jax
 import numpy as np
 from flax import serialization
-from tqdm.auto import tqdm
 
-from metarl import distributed
-from metarl.config import (
-    ConfigError,
-    ExperimentConfig,
-    config_from_dict,
-    read_config_data,
-    upgrade_saved_config,
-)
+from metarl.config import ExperimentConfig, config_from_dict
 from metarl.evolution import Evolution, EvolutionState
-from metarl.runs import config_history
-from metarl.runs import start as runs_start
-from metarl.runs.checkpoint import DamagedCheckpoint, RunCheckpointer
+from metarl.runs import engine
 from metarl.runs.layout import (
     CONFIG_FILE,
     METRICS_FILE,
@@ -48,23 +37,12 @@ from metarl.runs.layout import (
     RunError,
     RunStopped,
     atomic_write,
-    now,
     read_metrics,
-    remove_stale_temporaries,
-    write_json,
-    write_metrics,
-    write_status,
 )
-from metarl.runs.lock import hold_run_lock
-from metarl.runs.resume import find_resume_point, notify
-from metarl.runs.start import started_run
 from metarl.sharding import num_shards
-from metarl.trackers import RunTrackers, check_trackers
 
 BEST_FILE = "best_meta_params.msgpack"
 MEAN_FILE = "mean_meta_params.msgpack"
-# what may change when a run continues: the budget, and where its metrics are sent
-BUDGET_FIELDS = ("es.generations", "run.trackers")
 
 __all__ = [
     "BEST_FILE", "CONFIG_FILE", "MEAN_FILE", "METRICS_FILE", "CheckpointError", "RunError",
@@ -74,15 +52,13 @@ __all__ = [
 
 
 @dataclass
-class RunResult:
-    """What a finished (or interrupted) call to :func:`evolve` / :func:`resume` leaves."""
+class RunResult(engine.SteppedRun):
+    """What :func:`evolve` / :func:`resume` / :func:`load_run` leave: ``state`` is an
+    :class:`~metarl.evolution.EvolutionState`, ``program`` an :class:`EvolveProgram`."""
 
-    run_dir: Path
-    config: ExperimentConfig
-    evolution: Evolution
-    state: EvolutionState
-    history: list[dict[str, Any]] = field(default_factory=list)
-    plots: list[Path] = field(default_factory=list)  # drawn at the end for the trackers
+    @property
+    def evolution(self) -> Evolution:
+        return self.program.evolution
 
     @property
     def best_meta_params(self):
@@ -118,139 +94,104 @@ def load_meta_params(path: str | Path, template=None):
 
 def new_run_dir(config: ExperimentConfig) -> Path:
     """A fresh directory ``<output_dir>/<name>-<timestamp>`` (suffixed if it exists)."""
-    return runs_start.new_run_dir(config.run.output_dir, config.name)
+    return engine.new_run_dir(config)
 
 
-def normalized_config(data: dict[str, Any]) -> dict[str, Any]:
-    """A saved config in today's form (defaults filled in, old spellings upgraded), so that
-    comparing two configs finds only real differences."""
-    data = upgrade_saved_config(data)
-    try:
-        return config_from_dict(data).to_dict()
-    except ConfigError:
-        return data
+class EvolveProgram:
+    """An :class:`~metarl.evolution.Evolution` as the program
+    :mod:`~metarl.runs.engine` runs, one jitted generation per step."""
 
+    def __init__(self, config: ExperimentConfig, mesh=None):
+        self.evolution = Evolution(config, mesh)  # checks the config fully
+        self.mesh = self.evolution.mesh
+        self.steps = config.es.generations
+        self.agent_steps_per_step = self.evolution.agent_steps_per_generation
 
-def _summary(generation: int, metrics: dict, state: EvolutionState, seconds: float,
-             evolution: Evolution, total_steps: int) -> dict[str, Any]:
-    metrics = jax.device_get(metrics)
-    fitness = np.asarray(metrics["fitness"], np.float64)
-    valid = np.asarray(metrics["valid"], bool)
-    good = fitness[valid]
-    steps = evolution.agent_steps_per_generation
+    @property
+    def config(self) -> ExperimentConfig:
+        return self.evolution.config
 
-    def stat(fn):
-        return float(fn(good)) if good.size else math.nan
+    @config.setter
+    def config(self, config: ExperimentConfig) -> None:  # a new budget or trackers
+        self.evolution.config = config
 
-    return {
-        "generation": generation,
-        "fitness": [float(f) for f in fitness],
-        "valid": [bool(v) for v in valid],
-        "best_fitness": stat(np.max),
-        "mean_fitness": stat(np.mean),
-        "std_fitness": stat(np.std),
-        "best_fitness_so_far": float(state.best_fitness),
-        "invalid_candidates": int((~valid).sum()),
-        "invalid_runs": int(metrics["invalid_runs"]),
-        "mean_return": {
-            inner.env_id: float(np.nanmean(metrics["returns"][:, e])) if valid.any() else None
-            for e, inner in enumerate(evolution.config.inner)
-        },
-        "agent_steps": total_steps,
-        "devices": num_shards(evolution.mesh),
-        "seconds": seconds,
-        "agent_steps_per_second": steps / seconds if seconds > 0 else None,
-    }
+    def template(self) -> EvolutionState:
+        """A state to restore into (the baselines are in every checkpoint)."""
+        return self.evolution.init()
 
+    def init(self) -> EvolutionState:
+        """The state before the first generation; measures the baselines' returns first
+        when fitness is normalised by them and the config does not give them."""
+        fitness = self.config.fitness
+        baselines = None
+        if fitness.normalize_by_baseline and not fitness.baseline_returns:
+            baselines = self.evolution.measure_baselines(
+                jax.random.PRNGKey(self.config.run.seed + 1))
+        return self.evolution.init(baselines=baselines)
 
-def invalid_streak(history: list[dict[str, Any]]) -> int:
-    """Generations at the end of ``history`` in which every candidate was invalid."""
-    streak = 0
-    for line in reversed(history):
-        if any(line.get("valid", [True])):
-            break
-        streak += 1
-    return streak
+    @staticmethod
+    def completed(state: EvolutionState) -> int:
+        return int(state.generation)
 
+    def step(self, state: EvolutionState) -> tuple[EvolutionState, dict[str, Any]]:
+        state, metrics = self.evolution.step(state)
+        return state, {"metrics": metrics, "best_fitness_so_far": state.best_fitness}
 
-def _run_generations(evolution: Evolution, state: EvolutionState, run_dir: Path,
-                     history: list[dict], events: list[dict], until: int) -> RunResult:
-    config = evolution.config
-    checkpointer = RunCheckpointer(run_dir, keep=config.run.keep_checkpoints)
-    start = int(state.generation)
-    primary = distributed.is_primary()  # only process 0 writes files and shows progress
-    limit = config.run.max_invalid_generations
-    trackers = RunTrackers(config.run.trackers, run_dir, run_dir.name, config.to_dict(),
-                           primary)
-    bar = tqdm(total=until, initial=start, desc=config.name, unit="gen",
-               disable=not (config.run.progress and primary), dynamic_ncols=True)
-    total_steps = history[-1]["agent_steps"] if history else 0
-    stopped = None
-    plots: list[Path] = []
-    try:
-        try:
-            for generation in range(start + 1, until + 1):
-                started = time.perf_counter()
-                state, metrics = evolution.step(state)
-                jax.block_until_ready(state)
-                seconds = time.perf_counter() - started
-                total_steps += evolution.agent_steps_per_generation
-                line = _summary(generation, metrics, state, seconds, evolution, total_steps)
-                history.append(line)
-                trackers.log(generation, line)
-                if limit and invalid_streak(history) >= limit:
-                    stopped = generation
-                mean = evolution.mean_meta_params(state)  # a JAX computation: every process
-                if primary:
-                    write_metrics(run_dir, history, events)
-                    save_meta_params(run_dir / BEST_FILE, state.best_meta_params)
-                    save_meta_params(run_dir / MEAN_FILE, mean)
-                # every process calls save: orbax synchronises them and process 0 writes
-                if (generation % config.run.checkpoint_every == 0 or generation == until
-                        or stopped):
-                    meta = {"config": config.to_dict(), "history": history, "events": events}
-                    checkpointer.save(generation, state, meta)
-                bar.update(1)
-                bar.set_postfix(
-                    best=f"{line['best_fitness']:.4g}",
-                    mean=f"{line['mean_fitness']:.4g}",
-                    steps_per_s=f"{line['agent_steps_per_second']:.3g}",
-                    invalid=line["invalid_candidates"],
-                )
-                if stopped:
-                    break
-        finally:
-            bar.close()
-            checkpointer.close()
-        if stopped:
-            message = (
-                f"stopped after generation {stopped}: every candidate was invalid (NaN or "
-                f"infinite returns) in the last {limit} generations "
-                f"(run.max_invalid_generations = {limit}). Its checkpoints are kept in "
-                f"{run_dir / 'checkpoints'}. Check the config's settings (learning rates, "
-                f"es.sigma, ...); `metarl resume {run_dir}` continues it"
-            )
-            if primary:
-                write_status(run_dir, "stopped", generation=stopped, message=message)
-            raise RunStopped(message)
+    def summary(self, generation: int, record: dict[str, Any]) -> dict[str, Any]:
+        """The ``metrics.jsonl`` line of ``generation``: every candidate's fitness and
+        validity, their statistics, the best so far and each environment's mean return."""
+        metrics = jax.device_get(record["metrics"])
+        fitness = np.asarray(metrics["fitness"], np.float64)
+        valid = np.asarray(metrics["valid"], bool)
+        good = fitness[valid]
+
+        def stat(fn):
+            return float(fn(good)) if good.size else math.nan
+
+        return {
+            "generation": generation,
+            "fitness": [float(f) for f in fitness],
+            "valid": [bool(v) for v in valid],
+            "best_fitness": stat(np.max),
+            "mean_fitness": stat(np.mean),
+            "std_fitness": stat(np.std),
+            "best_fitness_so_far": float(record["best_fitness_so_far"]),
+            "invalid_candidates": int((~valid).sum()),
+            "invalid_runs": int(metrics["invalid_runs"]),
+            "mean_return": {
+                inner.env_id: (float(np.nanmean(metrics["returns"][:, e])) if valid.any()
+                               else None)
+                for e, inner in enumerate(self.config.inner)
+            },
+            "devices": num_shards(self.mesh),
+        }
+
+    def after_step(self, run_dir: Path, state: EvolutionState, primary: bool) -> None:
+        """Keep the best candidate and the search distribution's centre as msgpack files."""
+        mean = self.evolution.mean_meta_params(state)  # a JAX computation: every process
         if primary:
-            write_status(run_dir, "finished", generation=until)
-        if trackers:
-            from metarl.plots import plot_run
+            save_meta_params(run_dir / BEST_FILE, state.best_meta_params)
+            save_meta_params(run_dir / MEAN_FILE, mean)
 
-            plots = plot_run(run_dir)
-            trackers.log_figures(until, plots)
-    finally:
-        trackers.close()
-    return RunResult(run_dir, config, evolution, state, history, plots)
+    @staticmethod
+    def postfix(line: dict[str, Any]) -> dict[str, Any]:
+        rate = line["agent_steps_per_second"]
+        return {"best": f"{line['best_fitness']:.4g}", "mean": f"{line['mean_fitness']:.4g}",
+                "steps_per_s": f"{rate:.3g}" if rate else "-",
+                "invalid": line["invalid_candidates"]}
 
 
-def _initial_state(evolution: Evolution) -> EvolutionState:
-    config = evolution.config
-    baselines = None
-    if config.fitness.normalize_by_baseline and not config.fitness.baseline_returns:
-        baselines = evolution.measure_baselines(jax.random.PRNGKey(config.run.seed + 1))
-    return evolution.init(baselines=baselines)
+def describe_generation(line: dict[str, Any]) -> str:
+    """An evolution run's last line, for the command line."""
+    return (f"generations: {line['generation']}  best fitness so far: "
+            f"{line['best_fitness_so_far']:.4g}  last mean fitness: "
+            f"{line['mean_fitness']:.4g}")
+
+
+def _plot(run_dir: str | Path) -> list[Path]:
+    from metarl.plots import plot_run
+
+    return plot_run(run_dir)
 
 
 def evolve(config: ExperimentConfig, run_dir: str | Path | None = None) -> RunResult:
@@ -259,42 +200,12 @@ def evolve(config: ExperimentConfig, run_dir: str | Path | None = None) -> RunRe
     Raises :class:`RunError` if the directory holds another run or another process is
     writing it, and :class:`RunStopped` when the run stops itself.
     """
-    run_dir = Path(run_dir) if run_dir is not None else new_run_dir(config)
-    run_dir = Path(distributed.agree(str(run_dir)))  # process 0's clock names the directory
-    evolution = Evolution(config)  # checks the config fully before anything is written
-    check_trackers(config.run.trackers)
-    with started_run(run_dir, config.to_dict(), command=f"metarl evolve --run-dir {run_dir}",
-                     normalize=normalized_config, budget_fields=BUDGET_FIELDS):
-        state = _initial_state(evolution)
-        return _run_generations(evolution, state, run_dir, [], [], config.es.generations)
+    return engine.start_run(RUN_KIND, config, run_dir)
 
 
 def read_run_config(run_dir: str | Path) -> ExperimentConfig:
     """The resolved config a run was started with."""
-    run_dir = Path(run_dir)
-    if not run_dir.is_dir():
-        raise RunError(f"run directory not found: {run_dir}")
-    if not (run_dir / CONFIG_FILE).is_file():
-        raise RunError(f"{run_dir} is not a metarl run: it has no {CONFIG_FILE}")
-    return config_from_dict(upgrade_saved_config(read_config_data(run_dir / CONFIG_FILE)))
-
-
-def _check_generation(step: int, state: EvolutionState, meta: dict[str, Any]) -> None:
-    if int(state.generation) != step:
-        raise DamagedCheckpoint(step, f"it holds generation {int(state.generation)}")
-    if not any(line.get("generation") == step for line in meta["history"]):
-        raise DamagedCheckpoint(step, "its history lacks that generation")
-
-
-def _find_checkpoint(run_dir: Path, evolution: Evolution, *, accept: bool, writer: bool):
-    checkpointer = RunCheckpointer(run_dir, keep=evolution.config.run.keep_checkpoints)
-    try:
-        return find_resume_point(
-            run_dir, checkpointer, evolution.init(), config=evolution.config.to_dict(),
-            normalize=normalized_config, budget_fields=BUDGET_FIELDS,
-            accept_config_change=accept, writer=writer, validate=_check_generation)
-    finally:
-        checkpointer.close()
+    return RUN_KIND.read_config(run_dir)
 
 
 def resume(run_dir: str | Path, generations: int | None = None,
@@ -304,97 +215,24 @@ def resume(run_dir: str | Path, generations: int | None = None,
 
     Runs until ``generations`` generations are complete in total (the config's
     ``es.generations`` by default; a new budget is written to ``config.json`` and the config
-    history). A run that never reached a checkpoint starts from the beginning. If
-    ``config.json`` differs from the config saved in the checkpoint in more than the budget,
-    the resume is refused (:class:`~metarl.runs.config_history.ConfigChangedError`) unless
-    ``accept_config_change``, which records the change in ``metrics.jsonl`` and
-    ``config_history.jsonl``. Nothing in the directory is overwritten before the checkpoint
-    has been restored; damaged checkpoints are moved to ``damaged-checkpoints/``.
-    ``trackers`` replaces ``run.trackers`` from here on (recorded like a new budget).
+    history). ``trackers`` replaces ``run.trackers`` from here on (recorded like a new
+    budget). Otherwise as :func:`metarl.runs.engine.resume_run`: a config changed in more
+    than these is refused unless ``accept_config_change``, and a run that never reached a
+    checkpoint starts from the beginning.
     """
-    run_dir = Path(run_dir)
-    read_run_config(run_dir)  # a missing directory or config is reported before locking
-    with hold_run_lock(run_dir, f"metarl resume {run_dir}"):
-        config = read_run_config(run_dir)
-        evolution = Evolution(config)
-        check_trackers(config.run.trackers if trackers is None else trackers)
-        found = _find_checkpoint(run_dir, evolution, accept=accept_config_change, writer=True)
-        if found is None:
-            notify(f"{run_dir} has no complete checkpoint (the run stopped before its first "
-                   "one, so nothing was lost): starting it from the beginning")
-            generation, state, history, events = 0, _initial_state(evolution), [], []
-        else:
-            generation, state = found.step, found.state
-            history = [line for line in found.meta["history"]
-                       if line["generation"] <= generation]
-            events = [event for event in found.meta.get("events", [])
-                      if event.get("after_step", 0) <= generation]
-            if found.skipped:
-                notify(f"resuming {run_dir} from checkpoint {generation}, the newest one "
-                       "that reads back")
-        until = generations if generations is not None else config.es.generations
-        if until < generation:
-            raise RunError(f"generations: the run already has {generation} generations "
-                           f"(> {until})")
-        budget_change = until != config.es.generations
-        if budget_change:
-            old_budget = config.es.generations
-            config = config.replace(es=dataclasses.replace(config.es, generations=until))
-            evolution.config = config  # es.generations shapes nothing that was compiled
-        tracker_change = trackers is not None and tuple(trackers) != config.run.trackers
-        if tracker_change:
-            old_trackers = list(config.run.trackers)
-            config = config.replace(run=dataclasses.replace(config.run,
-                                                            trackers=tuple(trackers)))
-            evolution.config = config
-        if distributed.is_primary():
-            remove_stale_temporaries(run_dir)
-            if found is not None and found.changes:
-                changes = config_history.change_record(found.changes)
-                events.append({"event": "config_change", "after_step": generation,
-                               "time": now(), "changes": changes})
-                config_history.record(run_dir, "config_change", after_step=generation,
-                                      changes=changes, config=config.to_dict())
-                notify(f"continuing with a changed config (accepted, recorded in "
-                       f"{METRICS_FILE} and {config_history.CONFIG_HISTORY_FILE}): "
-                       f"{config_history.format_changes(found.changes)}")
-            if budget_change:
-                config_history.record(run_dir, "budget", after_step=generation,
-                                      changes=[{"field": "es.generations",
-                                                "old": old_budget, "new": until}])
-            if tracker_change:
-                config_history.record(run_dir, "trackers", after_step=generation,
-                                      changes=[{"field": "run.trackers", "old": old_trackers,
-                                                "new": list(trackers)}])
-            if budget_change or tracker_change:
-                write_json(run_dir / CONFIG_FILE, config.to_dict(), run_dir)
-            write_metrics(run_dir, history, events)
-            write_status(run_dir, "running", resumed=now())
-        _warn_if_devices_changed(run_dir, history, num_shards(evolution.mesh))
-        return _run_generations(evolution, state, run_dir, history, events, until)
-
-
-def _warn_if_devices_changed(run_dir: Path, history: list[dict], devices: int) -> None:
-    """Sharded results agree across device counts only to float rounding, which training
-    amplifies, so a run resumed on another count no longer repeats itself exactly."""
-    before = history[-1].get("devices") if history else None
-    if before is not None and before != devices:
-        warnings.warn(
-            f"{run_dir} ran on {before} device(s) and resumes on {devices}: it will match an "
-            "uninterrupted run only to float rounding, which training amplifies. To continue "
-            f"it exactly, resume on {before} device(s) (e.g. `metarl --cpu-devices {before} "
-            "resume ...` on a CPU).",
-            UserWarning, stacklevel=3,
-        )
+    return engine.resume_run(RUN_KIND, run_dir, generations, accept_config_change, trackers)
 
 
 def load_run(run_dir: str | Path) -> RunResult:
     """Read a run back (newest usable checkpoint, config and metrics) without running or
     changing anything; damaged checkpoints are skipped with a warning."""
-    run_dir = Path(run_dir)
-    evolution = Evolution(read_run_config(run_dir))
-    found = _find_checkpoint(run_dir, evolution, accept=True, writer=False)
-    if found is None:
-        raise CheckpointError(f"no complete checkpoint in {run_dir / 'checkpoints'}")
-    return RunResult(run_dir, evolution.config, evolution, found.state,
-                     list(found.meta["history"]))
+    return engine.load_run(RUN_KIND, run_dir)
+
+
+RUN_KIND = engine.RunKind(
+    name="evolve", step_key="generation", from_dict=config_from_dict, build=EvolveProgram,
+    result=RunResult, plot=_plot, describe=describe_generation,
+    score_key="best_fitness", best_so_far_key="best_fitness_so_far", valid_key="valid",
+    budget_field="es.generations", command="metarl evolve",
+    invalid="every candidate was invalid (NaN or infinite returns)",
+    advice="Check the config's settings (learning rates, es.sigma, ...)")

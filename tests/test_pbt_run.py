@@ -319,11 +319,14 @@ def test_a_run_that_never_reached_a_checkpoint_starts_again_from_the_beginning(
 def test_every_segment_reaches_the_run_configs_trackers(tiny_file, tmp_path, monkeypatch):
     import metarl.trackers
 
-    logged, closed = [], []
+    logged, figures, closed = [], [], []
 
     class Recorder:
         def log(self, step, metrics):
             logged.append((step, metarl.trackers.scalars(metrics)))
+
+        def log_figure(self, step, tag, path):
+            figures.append((step, tag, path.name))
 
         def close(self):
             closed.append(True)
@@ -336,3 +339,4 @@ def test_every_segment_reaches_the_run_configs_trackers(tiny_file, tmp_path, mon
     run_pbt(config, tmp_path / "tracked")
     assert [step for step, _ in logged] == list(range(1, SEGMENTS + 1)) and closed == [True]
     assert {"best_return", "median_return", "hypers/learning_rate/mean"} <= set(logged[0][1])
+    assert figures == [(SEGMENTS, "plots/pbt", "pbt.png")]  # the run's figure, at the end

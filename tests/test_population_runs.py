@@ -20,12 +20,12 @@ from _kill import kill_inside_save
 
 from metarl.cli import main
 from metarl.config import ConfigError
-from metarl.kinds import load_experiment, population_kind, run_kind
+from metarl.kinds import kind_spec, load_experiment, run_kind
 from metarl.population.cem_rl import train_cem_rl
 from metarl.population.dvd import train_dvd
 from metarl.population.method_config import MethodExperimentConfig
-from metarl.population.stepped_run import load_run, resume_run, start_run
 from metarl.runs.config_history import ConfigChangedError
+from metarl.runs.engine import load_run, resume_run, start_run
 from metarl.runs.layout import read_metrics
 from metarl.runs.listing import run_info
 
@@ -84,7 +84,7 @@ def files(tmp_path_factory) -> dict[str, Path]:
 def references(files, tmp_path_factory) -> dict[str, object]:
     """An uninterrupted run of each kind."""
     root = tmp_path_factory.mktemp("runs")
-    return {kind: start_run(population_kind(kind), load_experiment(path), root / kind)
+    return {kind: start_run(kind_spec(kind), load_experiment(path), root / kind)
             for kind, path in files.items()}
 
 
@@ -115,7 +115,7 @@ def test_a_file_loads_typed_and_round_trips(files, kind):
     assert config.method.population_size == 6 and config.name == f"tiny_{kind}"
     data = json.loads(json.dumps(config.to_dict()))
     assert data["kind"] == kind and "inner" not in data[kind]
-    assert population_kind(kind).from_dict(data) == config
+    assert kind_spec(kind).from_dict(data) == config
 
 
 @pytest.mark.parametrize("kind, overrides, message", [
@@ -134,7 +134,7 @@ def test_a_file_loads_typed_and_round_trips(files, kind):
 def test_bad_files_name_the_field(files, kind, overrides, message):
     with pytest.raises(ConfigError, match=message):
         config = load_experiment(files[kind], overrides)
-        population_kind(kind).build(config, None)  # the environment is checked here
+        kind_spec(kind).build(config, None)  # the environment is checked here
 
 
 def test_the_kind_must_be_one_of_the_known_ones(files):
@@ -151,7 +151,7 @@ def test_a_run_writes_its_directory_and_equals_the_library_run(references, files
     reference = references[kind]
     run_dir = reference.run_dir
     lines = read_metrics(run_dir)
-    step_key = population_kind(kind).step_key
+    step_key = kind_spec(kind).step_key
     assert [line[step_key] for line in lines] == list(range(1, STEPS + 1))
     for key in ("best_return_so_far", "agent_steps", "agent_steps_per_second", "finite"):
         assert key in lines[0], key
@@ -165,7 +165,7 @@ def test_a_run_writes_its_directory_and_equals_the_library_run(references, files
     tree_equal(direct.state, reference.state)
     recorded = [{k: line[k] for k in direct.history[0]} for line in lines]
     assert json.dumps(recorded) == json.dumps(direct.history)
-    tree_equal(load_run(population_kind(kind), run_dir).state, reference.state)
+    tree_equal(load_run(kind_spec(kind), run_dir).state, reference.state)
 
 
 @pytest.mark.parametrize("kind", ["cem_rl", "dvd"])
@@ -181,7 +181,7 @@ def test_resume_from_a_mid_run_checkpoint_equals_the_uninterrupted_run(reference
     assert main(["resume", str(run_dir), "--no-plots"]) == 0
     assert "run directory" in capsys.readouterr().out
     same_lines(run_dir, reference.run_dir)
-    tree_equal(load_run(population_kind(kind), run_dir).state, reference.state)
+    tree_equal(load_run(kind_spec(kind), run_dir).state, reference.state)
 
 
 @pytest.mark.timeout(400)
@@ -193,8 +193,37 @@ def test_a_cem_rl_run_killed_inside_a_save_resumes_into_the_uninterrupted_run(
     assert main(["resume", str(run_dir), "--no-plots"]) == 0
     assert "skipping incomplete checkpoint" in capsys.readouterr().err
     same_lines(run_dir, references["cem_rl"].run_dir)
-    tree_equal(load_run(population_kind("cem_rl"), run_dir).state,
+    tree_equal(load_run(kind_spec("cem_rl"), run_dir).state,
                references["cem_rl"].state)
+
+
+def test_a_population_run_resumed_with_a_tracker_logs_the_rest_and_its_figure(
+        references, tmp_path):
+    """``--track`` on resume works for every kind: the change is recorded, the steps after
+    the checkpoint reach TensorBoard, the figure follows at the end, and training is the
+    same as without the tracker."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run_dir = tmp_path / "tracked"
+    shutil.copytree(references["dvd"].run_dir, run_dir)
+    for step in (3, 4):
+        shutil.rmtree(run_dir / "checkpoints" / str(step))
+    assert main(["resume", str(run_dir), "--track", "tensorboard", "--no-plots"]) == 0
+    same_lines(run_dir, references["dvd"].run_dir)
+    assert json.loads((run_dir / "config.json").read_text())["run"]["trackers"] == [
+        "tensorboard"]
+    history = [json.loads(line) for line in
+               (run_dir / "config_history.jsonl").read_text().splitlines()]
+    [change] = [entry for entry in history if entry.get("event") == "trackers"]
+    assert change["after_step"] == 2 and change["changes"] == [
+        {"field": "run.trackers", "old": [], "new": ["tensorboard"]}]
+    events = EventAccumulator(str(run_dir / "tensorboard"),
+                              size_guidance={"images": 0, "scalars": 0}).Reload()
+    lines = read_metrics(run_dir)
+    assert [(e.step, e.value) for e in events.Scalars("median_return")] == [
+        (line["segment"], pytest.approx(line["median_return"])) for line in lines[2:]]
+    [image] = events.Images("plots/dvd")
+    assert image.step == STEPS
 
 
 def test_resume_refuses_a_changed_config_and_a_longer_budget(references, tmp_path, capsys):
@@ -204,7 +233,7 @@ def test_resume_refuses_a_changed_config_and_a_longer_budget(references, tmp_pat
     saved["dvd"]["length_scale"] = 2.0
     (run_dir / "config.json").write_text(json.dumps(saved))
     with pytest.raises(ConfigChangedError, match=r"dvd\.length_scale"):
-        resume_run(population_kind("dvd"), run_dir)
+        resume_run(kind_spec("dvd"), run_dir)
     assert main(["resume", str(run_dir), "--generations", "8"]) == 2
     assert "--generations: a dvd run's budget also shapes its schedules" in \
         capsys.readouterr().err
@@ -222,7 +251,7 @@ def test_plot_and_evaluate(references, kind, figure, capsys):
     assert main(["evaluate", str(run_dir)]) == 0
     out = capsys.readouterr().out
     assert "deterministic episodes" in out and "saved" in out
-    report = population_kind(kind).evaluate(run_dir, 10_007)
+    report = kind_spec(kind).evaluate(run_dir, 10_007)
     assert report["reused"] and report["method"] == "deterministic"
     assert np.isfinite(report["mean"])
     if kind == "dvd":

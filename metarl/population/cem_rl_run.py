@@ -32,16 +32,11 @@ import jax
 import numpy as np
 
 from metarl.config import ConfigError
-from metarl.population import stepped_run
 from metarl.population.cem_rl import CEMRLConfig, CEMRLState, generation_record, make_cem_rl
 from metarl.population.method_config import MethodExperimentConfig, method_config_from_dict
-from metarl.population.stepped_run import (
-    SteppedKind,
-    SteppedRun,
-    digest,
-    finite_stat,
-    saved_evaluation,
-)
+from metarl.runs import engine
+from metarl.runs.engine import RunKind, SteppedRun, finite_stat
+from metarl.runs.evaluations import digest, saved_evaluation
 
 KIND = "cem_rl"
 STEP_KEY = "generation"
@@ -54,7 +49,7 @@ def cem_rl_config_from_dict(data: dict[str, Any]) -> MethodExperimentConfig:
 
 class CEMRLProgram:
     """The CEM-RL functions and jitted generation of one config: the program
-    :mod:`~metarl.population.stepped_run` runs, one generation per step."""
+    :mod:`~metarl.runs.engine` runs, one generation per step."""
 
     def __init__(self, config: MethodExperimentConfig, mesh=None):
         del mesh  # one shared critic and buffer: the population trains on one device
@@ -101,7 +96,7 @@ class CEMRLProgram:
 
 @dataclass
 class CEMRLRunResult(SteppedRun):
-    """A CEM-RL run (:class:`~metarl.population.stepped_run.SteppedRun`); ``state`` is a
+    """A CEM-RL run (:class:`~metarl.runs.engine.SteppedRun`); ``state`` is a
     :class:`~metarl.population.cem_rl.CEMRLState`."""
 
     @property
@@ -112,7 +107,7 @@ class CEMRLRunResult(SteppedRun):
 
 def load_cem_rl_run(run_dir: str | Path) -> CEMRLRunResult:
     """Read a cem_rl run back without running or changing anything."""
-    return stepped_run.load_run(RUN_KIND, run_dir)
+    return engine.load_run(RUN_KIND, run_dir)
 
 
 def plot_cem_rl_run(run_dir: str | Path) -> list[Path]:
@@ -168,7 +163,7 @@ def describe_cem_rl_generation(line: dict[str, Any]) -> str:
             f"{line['best_fitness']:.4g}, elites {line['elite_fitness']:.4g}")
 
 
-RUN_KIND = SteppedKind(
+RUN_KIND = RunKind(
     name=KIND, step_key=STEP_KEY, from_dict=cem_rl_config_from_dict, build=CEMRLProgram,
     result=CEMRLRunResult, plot=plot_cem_rl_run, evaluate=evaluate_cem_rl_run,
     format_evaluation=format_cem_rl_evaluation, describe=describe_cem_rl_generation,

@@ -33,16 +33,11 @@ import jax
 import numpy as np
 
 from metarl.config import ConfigError
-from metarl.population import stepped_run
 from metarl.population.dvd import DvDConfig, DvDState, make_dvd, segment_record
 from metarl.population.method_config import MethodExperimentConfig, method_config_from_dict
-from metarl.population.stepped_run import (
-    SteppedKind,
-    SteppedRun,
-    digest,
-    finite_stat,
-    saved_evaluation,
-)
+from metarl.runs import engine
+from metarl.runs.engine import RunKind, SteppedRun, finite_stat
+from metarl.runs.evaluations import digest, saved_evaluation
 
 KIND = "dvd"
 STEP_KEY = "segment"
@@ -55,7 +50,7 @@ def dvd_config_from_dict(data: dict[str, Any]) -> MethodExperimentConfig:
 
 class DvDProgram:
     """The DvD functions and jitted segment of one config: the program
-    :mod:`~metarl.population.stepped_run` runs, one segment per step."""
+    :mod:`~metarl.runs.engine` runs, one segment per step."""
 
     def __init__(self, config: MethodExperimentConfig, mesh=None):
         del mesh  # one shared critic and buffer: the population trains on one device
@@ -100,13 +95,13 @@ class DvDProgram:
 
 @dataclass
 class DvDRunResult(SteppedRun):
-    """A DvD run (:class:`~metarl.population.stepped_run.SteppedRun`); ``state`` is a
+    """A DvD run (:class:`~metarl.runs.engine.SteppedRun`); ``state`` is a
     :class:`~metarl.population.dvd.DvDState`."""
 
 
 def load_dvd_run(run_dir: str | Path) -> DvDRunResult:
     """Read a dvd run back without running or changing anything."""
-    return stepped_run.load_run(RUN_KIND, run_dir)
+    return engine.load_run(RUN_KIND, run_dir)
 
 
 def plot_dvd_run(run_dir: str | Path) -> list[Path]:
@@ -170,7 +165,7 @@ def describe_dvd_segment(line: dict[str, Any]) -> str:
             f"{line['median_return']:.4g}  diversity: {line['diversity']:.3g}")
 
 
-RUN_KIND = SteppedKind(
+RUN_KIND = RunKind(
     name=KIND, step_key=STEP_KEY, from_dict=dvd_config_from_dict, build=DvDProgram,
     result=DvDRunResult, plot=plot_dvd_run, evaluate=evaluate_dvd_run,
     format_evaluation=format_dvd_evaluation, describe=describe_dvd_segment,

@@ -53,7 +53,6 @@ from metarl.config import (
     inner_to_dict,
     read_config_data,
 )
-from metarl.population import stepped_run
 from metarl.population.pbt import (
     PBTConfig,
     initial_population,
@@ -62,13 +61,9 @@ from metarl.population.pbt import (
     segment_record,
 )
 from metarl.population.priors import Prior
-from metarl.population.stepped_run import (
-    SteppedKind,
-    SteppedRun,
-    digest,
-    finite_stat,
-    saved_evaluation,
-)
+from metarl.runs import engine
+from metarl.runs.engine import RunKind, SteppedRun, finite_stat
+from metarl.runs.evaluations import digest, saved_evaluation
 
 KIND = "pbt"
 STEP_KEY = "segment"
@@ -234,7 +229,7 @@ def read_pbt_config(run_dir: str | Path) -> PBTExperimentConfig:
 
 class PBTProgram:
     """The learner, mesh and jitted segment of one pbt config (built once per process): the
-    program :mod:`~metarl.population.stepped_run` runs, one segment per step."""
+    program :mod:`~metarl.runs.engine` runs, one segment per step."""
 
     def __init__(self, config: PBTExperimentConfig, mesh=None):
         from inner_loops.registry import make_learner
@@ -347,7 +342,7 @@ class PBTRunResult(SteppedRun):
 
 def new_run_dir(config: PBTExperimentConfig) -> Path:
     """A fresh directory ``<output_dir>/<name>-<timestamp>`` (suffixed if it exists)."""
-    return stepped_run.new_run_dir(config)
+    return engine.new_run_dir(config)
 
 
 def run_pbt(config: PBTExperimentConfig, run_dir: str | Path | None = None,
@@ -357,7 +352,7 @@ def run_pbt(config: PBTExperimentConfig, run_dir: str | Path | None = None,
     Raises :class:`RunError` if the directory holds another run or another process is
     writing it, and :class:`RunStopped` when the run stops itself.
     """
-    return stepped_run.start_run(RUN_KIND, config, run_dir, mesh)
+    return engine.start_run(RUN_KIND, config, run_dir, mesh)
 
 
 def resume_pbt(run_dir: str | Path, accept_config_change: bool = False,
@@ -370,13 +365,14 @@ def resume_pbt(run_dir: str | Path, accept_config_change: bool = False,
     longer run is another experiment; changing it is refused like any other change unless
     ``accept_config_change``.
     """
-    return stepped_run.resume_run(RUN_KIND, run_dir, accept_config_change, mesh)
+    return engine.resume_run(RUN_KIND, run_dir, accept_config_change=accept_config_change,
+                             mesh=mesh)
 
 
 def load_pbt_run(run_dir: str | Path) -> PBTRunResult:
     """Read a pbt run back (newest usable checkpoint, config and history) without running
     or changing anything; damaged checkpoints are skipped with a warning."""
-    return stepped_run.load_run(RUN_KIND, run_dir)
+    return engine.load_run(RUN_KIND, run_dir)
 
 
 # --------------------------------------------------------------------------------------
@@ -474,7 +470,7 @@ def describe_pbt_segment(line: dict[str, Any]) -> str:
             f"{line['best_member']}), median {line['median_return']:.4g}")
 
 
-RUN_KIND = SteppedKind(
+RUN_KIND = RunKind(
     name=KIND, step_key=STEP_KEY, from_dict=pbt_config_from_dict, build=PBTProgram,
     result=PBTRunResult, plot=plot_pbt_run, evaluate=evaluate_pbt_run,
     format_evaluation=format_pbt_evaluation, describe=describe_pbt_segment,

@@ -1,4 +1,4 @@
-"""The run-directory layer that every run kind (``evolve`` today) shares.
+"""The run-directory layer that every run kind (evolve, pbt, cem_rl, dvd) shares.
 
 One module per job:
 
@@ -14,7 +14,9 @@ One module per job:
 - :mod:`~metarl.runs.resume`: the rules by which a run continues;
 - :mod:`~metarl.runs.evaluations`: evaluations that accumulate instead of replacing each
   other;
-- :mod:`~metarl.runs.listing`: ``metarl runs``.
+- :mod:`~metarl.runs.listing`: ``metarl runs``;
+- :mod:`~metarl.runs.engine`: the loop every kind runs on (steps, metrics, checkpoints,
+  trackers, the stop after invalid steps), its start, resume and read-back.
 
 Importing this package starts no JAX computation (nor does :mod:`~metarl.runs.listing`).
 """

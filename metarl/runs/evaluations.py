@@ -7,15 +7,18 @@ record instead of recomputing it, unless the caller asks to rerun it, which repl
 record in place. Runs written before this layout have one ``evaluation.json``; it is
 still read, as the record with id ``"legacy"``.
 
+:func:`saved_evaluation` is how every run kind's evaluation is kept (or found again);
 :func:`list_records` is the one reader that plots and comparisons use.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +26,7 @@ from metarl.runs.layout import (
     EVALUATIONS_DIR,
     atomic_write,
     fsync_directory,
+    now,
     temporary_path,
     write_failure,
 )
@@ -103,3 +107,30 @@ def save_record(run_dir: str | Path, report: dict[str, Any],
             staged.unlink()
     fsync_directory(folder)
     return target
+
+
+def saved_evaluation(run_dir: str | Path, spec: dict[str, Any],
+                     compute: Callable[[], dict[str, Any]], rerun: bool = False
+                     ) -> dict[str, Any]:
+    """An evaluation of a run, kept as ``evaluations/<n>.json``.
+
+    ``spec`` says what was evaluated (kind, checkpoint or meta-parameters, seeds, method);
+    an earlier record with the same ``spec`` is returned as it is (``reused``) unless
+    ``rerun``, when ``compute()`` makes the report again and replaces it. The report gets
+    ``run_dir``, ``created``, ``spec``, ``path``, ``id``, ``reused`` and ``replaced``.
+    """
+    earlier = find_same(run_dir, spec)
+    if earlier is not None and not rerun:
+        return {**earlier, "reused": True}
+    computed = compute()
+    report = {"run_dir": str(run_dir), "created": now(), **computed, "spec": spec}
+    replace = earlier["path"] if earlier is not None and earlier["id"] != "legacy" else None
+    path = save_record(run_dir, report, replace=replace)
+    return {**report, "path": str(path), "id": int(path.stem), "reused": False,
+            "replaced": replace is not None}
+
+
+def digest(*values: Any) -> str:
+    """A short fingerprint of plain-JSON ``values`` (e.g. a checkpoint's last line), for an
+    evaluation's ``spec``."""
+    return hashlib.sha256(json.dumps(values).encode()).hexdigest()

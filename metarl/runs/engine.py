@@ -1,0 +1,480 @@
+"""The one engine every run kind runs on: meta-evolution's generations, PBT's segments,
+CEM-RL's generations and DvD's segments are all steps of a *program* in a run directory.
+
+A run kind describes itself with a :class:`RunKind` and builds a program from its config.
+The program has:
+
+- ``config``: the experiment config (``name``, ``run`` -- a
+  :class:`~metarl.config.RunConfig` --, ``to_dict()``);
+- ``steps``: the steps of the budget;
+- ``init() -> state``: the state (a pytree of arrays) before the first step;
+- ``completed(state) -> int``: the steps ``state`` has done;
+- ``step(state) -> (state, record)``: one jitted step and what its line is made from;
+- ``agent_steps_per_step``: environment steps of the whole population in one step;
+- ``summary(step, record) -> line``: the line of ``metrics.jsonl`` for the step (it holds
+  the kind's ``valid_key`` -- whether each member, or the population, stayed valid -- and
+  its ``score_key``); the engine adds the running best of the score
+  (``best_so_far_key``, unless the line has it), ``agent_steps`` (the total so far, unless
+  the line has it), ``seconds``, ``agent_steps_per_second`` and ``time``;
+- ``postfix(line) -> dict``: what the progress bar shows beside the step count;
+
+and, optionally:
+
+- ``template() -> state``: a state of the right structure to restore a checkpoint into,
+  where ``init()`` does more work than that needs (default: ``init()``);
+- ``after_step(run_dir, state, primary)``: files the kind keeps beside the checkpoints,
+  written after every step (called on every process; only the ``primary`` one writes);
+- ``mesh``: the devices the population is sharded over; a run resumed on another number
+  of devices than its lines record is warned about.
+
+This module gives every kind the guarantees of :mod:`metarl.runs` (one writer, atomic
+files, config change rules, damaged checkpoints skipped, a stop after
+``run.max_invalid_generations`` invalid steps in a row, trackers): :func:`start_run`
+starts a run, :func:`resume_run` continues one bit for bit from its newest usable
+checkpoint (with a longer budget, for kinds whose budget shapes no schedule) and
+:func:`load_run` reads one back. Each checkpoint holds the whole state, so a resumed run
+equals the uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+
+from metarl import distributed
+from metarl.config import ConfigError, read_config_data, upgrade_saved_config
+from metarl.runs import config_history
+from metarl.runs import start as runs_start
+from metarl.runs.checkpoint import DamagedCheckpoint, RunCheckpointer, score_of_line
+from metarl.runs.layout import (
+    CONFIG_FILE,
+    METRICS_FILE,
+    PLOTS_DIR,
+    CheckpointError,
+    RunError,
+    RunStopped,
+    now,
+    read_metrics,
+    remove_stale_temporaries,
+    write_json,
+    write_metrics,
+    write_status,
+)
+from metarl.runs.lock import hold_run_lock
+from metarl.runs.resume import find_resume_point, notify
+from metarl.runs.start import started_run
+
+TRACKERS_FIELD = "run.trackers"  # where a run's metrics go: may change when it continues
+
+
+@dataclass(frozen=True)
+class RunKind:
+    """Everything the toolkit needs to know of a run kind: how its experiment files read,
+    how it runs (this module), and how its runs are drawn and evaluated
+    (:mod:`metarl.kinds` dispatches to these).
+
+    Attributes:
+        name: the kind (``kind`` of its experiment files), e.g. ``"pbt"``.
+        step_key: the name of a step in ``metrics.jsonl`` and the checkpoints
+            (``"segment"``, ``"generation"``).
+        from_dict: plain data (an experiment file's, or a run's ``config.json``) -> the
+            validated config (:class:`~metarl.config.ConfigError` naming a bad field).
+        build: ``(config, mesh) -> program`` (see the module docstring).
+        result: the class of what a run returns (a :class:`SteppedRun`).
+        plot: ``run_dir -> [paths]``: draws the run into its ``plots/``.
+        describe: ``line -> str``: a run's last ``metrics.jsonl`` line in a line, for the
+            command line (:meth:`describe_run`).
+        evaluate: ``(run_dir, eval_seed, rerun) -> report`` (saved under ``evaluations/``);
+            ``None`` for a kind whose evaluation takes more (``evolve``:
+            :func:`metarl.evaluate.evaluate_run`).
+        format_evaluation: ``report -> str``: the report as a table.
+        score_key: the field of a step's line that ranks checkpoints (the best is kept).
+        best_so_far_key: the field that holds the running best of ``score_key``.
+        valid_key: the field that says whether the step was valid (a bool, or one per
+            member: valid when any is).
+        budget_field: the config field that holds the number of steps, when a run may be
+            continued past it (``"es.generations"``); ``None`` when the budget also shapes
+            schedules inside the run, so that a longer run is another experiment.
+        command: the command that starts a run of this kind (named in the lock).
+        invalid: what an invalid step means, for the stop message.
+        advice: what to check when the run stops itself.
+    """
+
+    name: str
+    step_key: str
+    from_dict: Callable[[dict[str, Any]], Any]
+    build: Callable[[Any, Any], Any]
+    result: type
+    plot: Callable[[Path], list[Path]]
+    describe: Callable[[dict[str, Any]], str]
+    evaluate: Callable[..., dict[str, Any]] | None = None
+    format_evaluation: Callable[[dict[str, Any]], str] | None = None
+    score_key: str = "best_return"
+    best_so_far_key: str = "best_return_so_far"
+    valid_key: str = "finite"
+    budget_field: str | None = None
+    command: str = "metarl run"
+    invalid: str = "every member's losses were non-finite"
+    advice: str = "Check the [inner] settings"
+
+    @property
+    def budget_fields(self) -> tuple[str, ...]:
+        """Config fields allowed to differ when a run continues."""
+        return (TRACKERS_FIELD,) + ((self.budget_field,) if self.budget_field else ())
+
+    def read_config(self, run_dir: str | Path):
+        """The validated config of the run in ``run_dir`` (its ``config.json``)."""
+        run_dir = Path(run_dir)
+        if not run_dir.is_dir():
+            raise RunError(f"run directory not found: {run_dir}")
+        if not (run_dir / CONFIG_FILE).is_file():
+            raise RunError(f"{run_dir} is not a metarl run: it has no {CONFIG_FILE}")
+        return self.from_dict(upgrade_saved_config(read_config_data(run_dir / CONFIG_FILE)))
+
+    def describe_run(self, result: SteppedRun) -> str:
+        """A finished run: its directory and, if it took a step, its last step."""
+        text = f"run directory: {result.run_dir}"
+        return text + (f"\n{self.describe(result.history[-1])}" if result.history else "")
+
+    def plot_history(self, run_dir: str | Path, filename: str,
+                     draw: Callable[[Any, list[dict[str, Any]]], Any]) -> list[Path]:
+        """Save ``draw(config, history)`` (a matplotlib figure of the run's
+        ``metrics.jsonl``) as ``plots/<filename>``; returns the paths written."""
+        run_dir = Path(run_dir)
+        config = self.read_config(run_dir)
+        history = read_metrics(run_dir)
+        if not history:
+            raise RunError(f"{run_dir} has no finished {self.step_key} yet (metrics.jsonl "
+                           "is empty)")
+        out = run_dir / PLOTS_DIR
+        out.mkdir(exist_ok=True)
+        path = out / filename
+        draw(config, history).savefig(path, dpi=110)
+        return [path]
+
+    def normalize(self, data: dict[str, Any]) -> dict[str, Any]:
+        """A saved config with defaults filled in, so comparing two finds only real
+        changes (the data as it is when it no longer validates)."""
+        data = upgrade_saved_config(data)
+        try:
+            return self.from_dict(data).to_dict()
+        except ConfigError:
+            return data
+
+
+@dataclass
+class SteppedRun:
+    """What :func:`start_run` / :func:`resume_run` / :func:`load_run` return.
+
+    Attributes:
+        run_dir: the run directory.
+        config: its config.
+        program: the program that ran (learner, jitted step, ...).
+        state: the state after the last completed step.
+        history: one line of ``metrics.jsonl`` per step.
+        plots: the figures drawn at the end for the run's trackers (none without them).
+    """
+
+    run_dir: Path
+    config: Any
+    program: Any
+    state: Any
+    history: list[dict[str, Any]] = field(default_factory=list)
+    plots: list[Path] = field(default_factory=list)
+
+
+def finite_stat(fn, values) -> float:
+    """``fn`` over the finite entries of ``values`` (NaN when there are none)."""
+    values = np.asarray(values, np.float64)
+    finite = values[np.isfinite(values)]
+    return float(fn(finite)) if finite.size else math.nan
+
+
+def _invalid_streak(history: list[dict[str, Any]], valid_key: str) -> int:
+    """Steps in a row, newest first, in which no member stayed valid."""
+    streak = 0
+    for line in reversed(history):
+        valid = line.get(valid_key, True)
+        if any(valid) if isinstance(valid, list) else valid:
+            break
+        streak += 1
+    return streak
+
+
+def _checkpointer(kind: RunKind, run_dir: Path, config) -> RunCheckpointer:
+    return RunCheckpointer(run_dir, keep=config.run.keep_checkpoints, step_key=kind.step_key,
+                           score=lambda line: score_of_line(line, kind.score_key))
+
+
+def _devices(program) -> int:
+    from metarl.sharding import num_shards
+
+    return num_shards(getattr(program, "mesh", None))
+
+
+def _train(kind: RunKind, program, state, run_dir: Path, history: list[dict],
+           events: list[dict]) -> SteppedRun:
+    """Take the program's remaining steps, writing metrics every step and checkpoints every
+    ``run.checkpoint_every`` steps and at the end."""
+    from tqdm.auto import tqdm
+
+    from metarl.trackers import RunTrackers
+
+    config = program.config
+    until = program.steps
+    checkpointer = _checkpointer(kind, run_dir, config)
+    start = program.completed(state)
+    primary = distributed.is_primary()  # only process 0 writes files and shows progress
+    limit = config.run.max_invalid_generations
+    after_step = getattr(program, "after_step", None)
+    trackers = RunTrackers(config.run.trackers, run_dir, run_dir.name, config.to_dict(),
+                           primary)
+    bar = tqdm(total=until, initial=start, desc=config.name, unit=kind.step_key,
+               disable=not (config.run.progress and primary), dynamic_ncols=True)
+    stopped = None
+    plots: list[Path] = []
+    try:
+        try:
+            for step in range(start + 1, until + 1):
+                started = time.perf_counter()
+                state, record = program.step(state)
+                jax.block_until_ready(state)
+                seconds = time.perf_counter() - started
+                line = program.summary(step, record)
+                if kind.best_so_far_key not in line:
+                    so_far = history[-1][kind.best_so_far_key] if history else -math.inf
+                    line[kind.best_so_far_key] = float(np.nanmax([so_far,
+                                                                  line[kind.score_key]]))
+                if "agent_steps" not in line:
+                    line["agent_steps"] = ((history[-1]["agent_steps"] if history else 0)
+                                           + program.agent_steps_per_step)
+                line["seconds"] = seconds
+                line["agent_steps_per_second"] = (program.agent_steps_per_step / seconds
+                                                  if seconds > 0 else None)
+                line["time"] = now()
+                history.append(line)
+                if limit and _invalid_streak(history, kind.valid_key) >= limit:
+                    stopped = step
+                if primary:
+                    write_metrics(run_dir, history, events, step_key=kind.step_key)
+                trackers.log(step, line)  # it keeps the numbers (metarl.trackers.scalars)
+                if after_step is not None:
+                    after_step(run_dir, state, primary)
+                # every process calls save: orbax synchronises them and process 0 writes
+                if step % config.run.checkpoint_every == 0 or step == until or stopped:
+                    meta = {"config": config.to_dict(), "history": history, "events": events}
+                    checkpointer.save(step, state, meta)
+                bar.set_postfix({kind.step_key: f"{step}/{until}", **program.postfix(line)},
+                                refresh=False)
+                bar.update(1)
+                if stopped:
+                    break
+        finally:
+            bar.close()
+            checkpointer.close()
+        if stopped:
+            message = (
+                f"stopped after {kind.step_key} {stopped}: {kind.invalid} in the last "
+                f"{limit} {kind.step_key}s (run.max_invalid_generations = {limit}). Its "
+                f"checkpoints are kept in {run_dir / 'checkpoints'}. {kind.advice}; "
+                f"`metarl resume {run_dir}` continues it")
+            if primary:
+                write_status(run_dir, "stopped",
+                             **{"generation": stopped, kind.step_key: stopped},
+                             message=message)
+            raise RunStopped(message)
+        if primary:
+            write_status(run_dir, "finished", **{"generation": until, kind.step_key: until},
+                         budget=until)
+        if trackers:
+            plots = kind.plot(run_dir)
+            trackers.log_figures(until, plots)
+    finally:
+        trackers.close()
+    return kind.result(run_dir, config, program, state, history, plots)
+
+
+def new_run_dir(config) -> Path:
+    """A fresh directory ``<run.output_dir>/<name>-<timestamp>`` (suffixed if it exists)."""
+    return runs_start.new_run_dir(config.run.output_dir, config.name)
+
+
+def start_run(kind: RunKind, config, run_dir: str | Path | None = None, mesh=None
+              ) -> SteppedRun:
+    """Start a new run of ``config`` in ``run_dir`` (a fresh directory by default).
+
+    Raises :class:`~metarl.runs.layout.RunError` if the directory holds another run or
+    another process is writing it (or a tracker of ``run.trackers`` is not installed), and
+    :class:`~metarl.runs.layout.RunStopped` when the run stops itself.
+    """
+    from metarl.trackers import check_trackers
+
+    run_dir = Path(run_dir) if run_dir is not None else new_run_dir(config)
+    run_dir = Path(distributed.agree(str(run_dir)))  # process 0's clock names the directory
+    program = kind.build(config, mesh)  # checks the config fully before anything is written
+    check_trackers(config.run.trackers)
+    with started_run(run_dir, config.to_dict(),
+                     command=f"{kind.command} --run-dir {run_dir}", normalize=kind.normalize,
+                     budget_fields=kind.budget_fields, kind=kind.name, budget=program.steps):
+        return _train(kind, program, program.init(), run_dir, [], [])
+
+
+def _template(program):
+    template = getattr(program, "template", None)
+    return template() if template is not None else program.init()
+
+
+def _find_checkpoint(kind: RunKind, run_dir: Path, program, *, accept: bool,
+                     writer: bool):
+    def validate(step: int, state, meta: dict[str, Any]) -> None:
+        if program.completed(state) != step:
+            raise DamagedCheckpoint(step, f"it holds {kind.step_key} "
+                                          f"{program.completed(state)}")
+        if not any(line.get(kind.step_key) == step for line in meta["history"]):
+            raise DamagedCheckpoint(step, f"its history lacks that {kind.step_key}")
+
+    checkpointer = _checkpointer(kind, run_dir, program.config)
+    template = _template(program)  # real arrays: their shardings are where the restore goes
+    try:
+        return find_resume_point(
+            run_dir, checkpointer, template, config=program.config.to_dict(),
+            normalize=kind.normalize, budget_fields=kind.budget_fields,
+            accept_config_change=accept, writer=writer, validate=validate)
+    finally:
+        checkpointer.close()
+
+
+def _replace_field(config, path: str, value):
+    """``config`` with the dotted field ``path`` (e.g. ``"es.generations"``) set."""
+    head, _, rest = path.partition(".")
+    inner = _replace_field(getattr(config, head), rest, value) if rest else value
+    return dataclasses.replace(config, **{head: inner})
+
+
+def _get_field(config, path: str):
+    for name in path.split("."):
+        config = getattr(config, name)
+    return config
+
+
+def resume_run(kind: RunKind, run_dir: str | Path, steps: int | None = None,
+               accept_config_change: bool = False, trackers: tuple[str, ...] | None = None,
+               mesh=None) -> SteppedRun:
+    """Continue a run from its newest usable checkpoint (:mod:`metarl.runs.resume`).
+
+    A run that never reached a checkpoint starts from the beginning; a finished run is
+    returned as it is, unless ``steps`` extends its budget: up to ``steps`` steps in total,
+    for a kind with a ``budget_field`` (written to ``config.json`` and the config history;
+    other kinds refuse it with :class:`~metarl.config.ConfigError`, their budget shaping
+    schedules inside the run). If ``config.json`` differs from the config saved in the
+    checkpoint in more than the budget and the trackers, the resume is refused
+    (:class:`~metarl.runs.config_history.ConfigChangedError`) unless
+    ``accept_config_change``, which records the change in ``metrics.jsonl`` and
+    ``config_history.jsonl``. ``trackers`` replaces ``run.trackers`` from here on
+    (recorded like a new budget). Nothing in the directory is overwritten before the
+    checkpoint has been restored; damaged checkpoints are moved to
+    ``damaged-checkpoints/``.
+    """
+    from metarl.trackers import check_trackers
+
+    run_dir = Path(run_dir)
+    config = kind.read_config(run_dir)  # a missing directory or config, before locking
+    if steps is not None and kind.budget_field is None:
+        raise ConfigError(
+            f"--generations: a {kind.name} run's budget also shapes its schedules "
+            "(learning-rate annealing, exploration, noise decay), so it cannot be "
+            "extended; start a new run to train longer")
+    check_trackers(config.run.trackers if trackers is None else trackers)
+    with hold_run_lock(run_dir, f"metarl resume {run_dir}"):
+        config = kind.read_config(run_dir)
+        program = kind.build(config, mesh)
+        found = _find_checkpoint(kind, run_dir, program, accept=accept_config_change,
+                                 writer=True)
+        if found is None:
+            notify(f"{run_dir} has no complete checkpoint (the run stopped before its first "
+                   "one, so nothing was lost): starting it from the beginning")
+            done, state, history, events = 0, program.init(), [], []
+        else:
+            done, state = found.step, found.state
+            history = [line for line in found.meta["history"] if line[kind.step_key] <= done]
+            events = [event for event in found.meta.get("events", [])
+                      if event.get("after_step", 0) <= done]
+            if found.skipped:
+                notify(f"resuming {run_dir} from checkpoint {done}, the newest one that "
+                       "reads back")
+        until = program.steps if steps is None else steps
+        if until < done:
+            raise RunError(f"generations: the run already has {done} {kind.step_key}s "
+                           f"(> {until})")
+        if done >= until and found is not None:
+            extend = (f"`metarl resume {run_dir} --generations N` continues it to N"
+                      if kind.budget_field else
+                      f"the budget of a {kind.name} run shapes its schedules: start a new "
+                      "run to train longer")
+            notify(f"{run_dir} has finished its {until} {kind.step_key}s; nothing to "
+                   f"continue ({extend})")
+        records = []  # (record name, field, old, new) of what this resume changes
+        if kind.budget_field and until != program.steps:
+            records.append(("budget", kind.budget_field, program.steps, until))
+            config = _replace_field(config, kind.budget_field, until)
+        if trackers is not None and tuple(trackers) != tuple(config.run.trackers):
+            records.append(("trackers", TRACKERS_FIELD, list(config.run.trackers),
+                            list(trackers)))
+            config = _replace_field(config, TRACKERS_FIELD, tuple(trackers))
+        if records:  # neither shapes anything compiled
+            program.config, program.steps = config, until
+        if distributed.is_primary():
+            remove_stale_temporaries(run_dir)
+            if found is not None and found.changes:
+                changes = config_history.change_record(found.changes)
+                events.append({"event": "config_change", "after_step": done,
+                               "time": now(), "changes": changes})
+                config_history.record(run_dir, "config_change", after_step=done,
+                                      changes=changes, config=config.to_dict())
+                notify(f"continuing with a changed config (accepted, recorded in "
+                       f"{METRICS_FILE} and {config_history.CONFIG_HISTORY_FILE}): "
+                       f"{config_history.format_changes(found.changes)}")
+            for record, path, old, new in records:
+                config_history.record(run_dir, record, after_step=done,
+                                      changes=[{"field": path, "old": old, "new": new}])
+            if records:
+                write_json(run_dir / CONFIG_FILE, config.to_dict(), run_dir)
+            write_metrics(run_dir, history, events, step_key=kind.step_key)
+            write_status(run_dir, "running", resumed=now(), kind=kind.name, budget=until)
+        _warn_if_devices_changed(run_dir, history, _devices(program))
+        return _train(kind, program, state, run_dir, history, events)
+
+
+def _warn_if_devices_changed(run_dir: Path, history: list[dict], devices: int) -> None:
+    """Sharded results agree across device counts only to float rounding, which training
+    amplifies, so a run resumed on another count no longer repeats itself exactly."""
+    before = history[-1].get("devices") if history else None
+    if before is not None and before != devices:
+        warnings.warn(
+            f"{run_dir} ran on {before} device(s) and resumes on {devices}: it will match an "
+            "uninterrupted run only to float rounding, which training amplifies. To continue "
+            f"it exactly, resume on {before} device(s) (e.g. `metarl --cpu-devices {before} "
+            "resume ...` on a CPU).",
+            UserWarning, stacklevel=3,
+        )
+
+
+def load_run(kind: RunKind, run_dir: str | Path) -> SteppedRun:
+    """Read a run back (newest usable checkpoint, config and history) without running or
+    changing anything; damaged checkpoints are skipped with a warning."""
+    run_dir = Path(run_dir)
+    program = kind.build(kind.read_config(run_dir), None)
+    found = _find_checkpoint(kind, run_dir, program, accept=True, writer=False)
+    if found is None:
+        raise CheckpointError(f"no complete checkpoint in {run_dir / 'checkpoints'}")
+    return kind.result(run_dir, program.config, program, found.state,
+                       list(found.meta["history"]))
