@@ -11,6 +11,12 @@ evaluated the same way: ``--eval-episodes`` deterministic episodes on the same g
 environment with the same keys (:func:`inner_loops.off_policy.evaluate_policy`; greedy
 action for DQN, the actor's action for TD3, ``tanh`` of the mean for SAC).
 
+rejax 0.1.3's replay buffer samples each batch with ``jax.random.choice(..., replace=False,
+p=...)`` over its whole capacity, which costs work in proportion to the capacity at every
+gradient step. ``--rejax-sampler uniform`` replaces it (in rejax, for this run) by uniform
+draws with replacement from the filled part, as metarl samples, to measure how much of
+rejax's time that is; the default, ``choice``, runs rejax as published.
+
 rejax 0.1.3 expects gymnax's older five-value ``step``; it gets the gymnax 1.0 environment
 through :class:`vs_rejax.FiveValueStep` (``done`` = terminated or truncated, so rejax does
 not bootstrap through a time limit; metarl does). rejax fixes DQN's and TD3's hidden layers
@@ -177,6 +183,19 @@ COMPARISONS = {
 }
 
 
+def metarl_overrides(pairs: list[str]) -> dict:
+    """``["max_grad_norm=1e6", ...]`` as config fields (values read as Python literals)."""
+    import ast
+
+    fields = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep:
+            raise SystemExit(f"--metarl-set: expected FIELD=VALUE, got {pair!r}")
+        fields[name.strip()] = ast.literal_eval(value.strip())
+    return fields
+
+
 def build_metarl(args, mesh):
     import jax
     import jax.numpy as jnp
@@ -185,6 +204,7 @@ def build_metarl(args, mesh):
     from metarl import sharding
 
     config = COMPARISONS[args.algorithm].metarl_config(args.algorithm, args)
+    config = config.replace(**metarl_overrides(args.metarl_set))
     learner = make_learner(config)
 
     def train(key):
@@ -220,6 +240,20 @@ def rejax_policy(name: str, algo, states):
     return states.actor_ts.params, act
 
 
+def use_uniform_sampling(rejax) -> None:
+    """Make rejax's replay buffer draw batches uniformly with replacement from its filled
+    part (``randint``, as metarl does) instead of ``choice`` without replacement over the
+    whole capacity."""
+    import jax
+    import jax.numpy as jnp
+
+    def sample(buffer, num, rng):
+        index = jax.random.randint(rng, (num,), 0, jnp.maximum(buffer.num_entries, 1))
+        return jax.tree.map(lambda arr: arr[index], buffer.data)
+
+    rejax.buffers.ReplayBuffer.sample = sample
+
+
 def build_rejax(args, mesh):
     import gymnax
     import jax
@@ -230,6 +264,8 @@ def build_rejax(args, mesh):
     from inner_loops.envs import make_vec_env
     from inner_loops.off_policy import evaluate_policy
 
+    if args.rejax_sampler == "uniform":
+        use_uniform_sampling(rejax)
     comparison = COMPARISONS[args.algorithm]
     env, env_params = gymnax.make(comparison.env_id)
     space = env.action_space(env_params)
@@ -343,6 +379,12 @@ def parse(argv):
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--eval-episodes", type=int, default=10)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--rejax-sampler", choices=("choice", "uniform"), default="choice",
+                        help="rejax's replay sampling: as published (choice without "
+                             "replacement over the capacity) or uniform with replacement")
+    parser.add_argument("--metarl-set", action="append", default=[], metavar="FIELD=VALUE",
+                        help="change a field of metarl's config from the matched settings "
+                             "(e.g. max_grad_norm=1e6), to find what a difference comes from")
     parser.add_argument("--output", default=None)
     parser.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -364,7 +406,9 @@ def main(argv=None) -> None:
     passed = ["--algorithm", args.algorithm, "--population", args.population,
               "--total-timesteps", args.total_timesteps, "--hidden", args.hidden,
               "--repeats", args.repeats, "--eval-episodes", args.eval_episodes,
-              "--seed", args.seed]
+              "--seed", args.seed, "--rejax-sampler", args.rejax_sampler]
+    for pair in args.metarl_set:
+        passed += ["--metarl-set", pair]
     results = []
     for count in args.devices:
         results.append(run_child([str(a) for a in passed], count))
@@ -381,6 +425,8 @@ def main(argv=None) -> None:
         "env": f"{comparison.env_id} (gymnax 1.0)",
         "settings": comparison.settings.format(hidden=args.hidden),
         "not_matched": comparison.unmatched,
+        "rejax_sampler": args.rejax_sampler,
+        "metarl_changed": metarl_overrides(args.metarl_set),
         "total_timesteps_per_agent": args.total_timesteps,
         "repeats": args.repeats,
         "note": "training only is timed (rejax's evaluation callback is a no-op while "

@@ -104,6 +104,38 @@ def test_vs_rejax_offpolicy_gives_both_libraries_the_same_budget():
         raise AssertionError("--hidden 128 accepted for td3")
 
 
+def test_vs_rejax_offpolicy_changes_metarl_fields_and_rejax_sampling_on_request():
+    import types
+
+    import jax
+    import jax.numpy as jnp
+
+    benchmark = _load_benchmark("vs_rejax_offpolicy")
+    args = benchmark.parse(["--algorithm", "dqn", "--metarl-set", "max_grad_norm=1e6",
+                            "--metarl-set", "td_loss='huber'"])
+    changes = benchmark.metarl_overrides(args.metarl_set)
+    assert changes == {"max_grad_norm": 1e6, "td_loss": "huber"}
+    config = benchmark.COMPARISONS["dqn"].metarl_config("dqn", args).replace(**changes)
+    assert (config.max_grad_norm, config.td_loss) == (1e6, "huber")
+    try:
+        benchmark.metarl_overrides(["max_grad_norm"])
+    except SystemExit as error:
+        assert "FIELD=VALUE" in str(error)
+    else:
+        raise AssertionError("a pair without '=' accepted")
+
+    # the uniform sampler draws only from the filled part of a rejax-like buffer
+    class Buffer:
+        def __init__(self):
+            self.num_entries = jnp.int32(5)
+            self.data = {"obs": jnp.arange(100.0)}
+
+    rejax = types.SimpleNamespace(buffers=types.SimpleNamespace(ReplayBuffer=Buffer))
+    benchmark.use_uniform_sampling(rejax)
+    batch = Buffer().sample(1000, jax.random.PRNGKey(0))["obs"]
+    assert batch.shape == (1000,) and set(np.asarray(batch).tolist()) == {0, 1, 2, 3, 4}
+
+
 def test_compile_time_benchmark_runs_each_level_in_its_own_process():
     # PPO's smallest run (one update), twice at the suite's level: compiling XLA's default
     # level as well would double this test's cost for no more coverage
