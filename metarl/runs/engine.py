@@ -360,12 +360,6 @@ def _replace_field(config, path: str, value):
     return dataclasses.replace(config, **{head: inner})
 
 
-def _get_field(config, path: str):
-    for name in path.split("."):
-        config = getattr(config, name)
-    return config
-
-
 def resume_run(kind: RunKind, run_dir: str | Path, steps: int | None = None,
                accept_config_change: bool = False, trackers: tuple[str, ...] | None = None,
                mesh=None) -> SteppedRun:
