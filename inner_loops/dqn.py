@@ -25,6 +25,7 @@ rate and epsilon range (Adam runs at unit step size and each member scales its u
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -35,7 +36,7 @@ import optax
 from flax import struct
 
 from inner_loops import networks, off_policy, replay
-from inner_loops.envs import EnvParamPairs, EnvSpec, env_param_pairs, make_vec_env
+from inner_loops.envs import EnvParamPairs, EnvSpec, VecEnv, env_param_pairs, make_vec_env
 from inner_loops.learner import Learner
 from inner_loops.linear import PRECISIONS
 from inner_loops.objective import LossInputs, Objective, huber, squared_error
@@ -249,6 +250,192 @@ class ExplorationNoise(NamedTuple):
     random_action: jax.Array
 
 
+@dataclass(frozen=True, eq=False)
+class DQNParts:
+    """What :func:`build` makes once per config, and every piece of an update reads.
+
+    Attributes:
+        config: the static settings.
+        objective: the ``"value"`` loss (the TD loss), ``td_loss``'s default filled in.
+        vec_env: the agent's ``num_envs`` environments.
+        network: the Q-network (:func:`make_q_network`), online and target alike.
+        example: one :class:`~inner_loops.off_policy.Transition`, the replay buffer's
+            layout.
+        eval_max_steps: the step limit of an evaluation episode.
+    """
+
+    config: DQNConfig
+    objective: Objective
+    vec_env: VecEnv
+    network: QNetwork
+    example: off_policy.Transition
+    eval_max_steps: int
+
+
+def init_state(parts: DQNParts, key: jax.Array, meta_params, hypers: Hyperparams) -> DQNState:
+    """A fresh agent: reset environments, an empty buffer, the target a copy of the online
+    network."""
+    del meta_params
+    key, init_key, reset_key = jax.random.split(key, 3)
+    actors = off_policy.reset_actors(parts.vec_env, reset_key)
+    params = parts.network.init(init_key, actors.obs)
+    nan = jnp.full((), jnp.nan, jnp.float32)
+    return DQNState(
+        params=params,
+        target_params=params,
+        opt_state=_optimizer(hypers).init(params),
+        buffer=replay.init(parts.config.buffer_size, parts.example),
+        actors=actors,
+        last_return=nan,
+        last_length=nan,
+        key=key,
+        update_count=jnp.zeros((), jnp.int32),
+    )
+
+
+def q_loss(parts: DQNParts, params, target_params, meta_params, hypers: Hyperparams,
+           progress: jax.Array, batch: off_policy.Transition):
+    """The objective's TD loss on a ``[B]`` batch of transitions.
+
+    Returns ``(loss [], {"td_loss": [], "q_mean": []})``.
+    """
+    network = parts.network
+    q_all = network.apply(params, batch.obs)
+    q = jnp.take_along_axis(q_all, batch.action[:, None], axis=-1)[:, 0]
+    next_q_target = network.apply(target_params, batch.next_obs)
+    if parts.config.double_dqn:
+        next_action = jnp.argmax(network.apply(params, batch.next_obs), axis=-1)
+        next_value = jnp.take_along_axis(next_q_target, next_action[:, None], axis=-1)[:, 0]
+    else:
+        next_value = jnp.max(next_q_target, axis=-1)
+    targets = off_policy.td_target(batch.reward, next_value, batch.terminated, hypers.gamma)
+    inputs = LossInputs(values=q, targets=jax.lax.stop_gradient(targets), progress=progress)
+    loss = parts.objective.value_loss(meta_params, inputs)
+    return loss, {"td_loss": loss, "q_mean": jnp.mean(q)}
+
+
+def learn(parts: DQNParts, state: DQNState, meta_params, hypers: Hyperparams,
+          key: jax.Array):
+    """``gradient_steps`` gradient steps on batches from ``state.buffer``.
+
+    Returns ``((params, target_params, opt_state), diagnostics)``, the diagnostics of
+    :func:`q_loss` as means over the steps (``[]`` each).
+    """
+    config = parts.config
+    optimizer = _optimizer(hypers)
+    progress = state.update_count / config.num_updates
+    learning_rate = hypers.learning_rate
+    if config.anneal_lr:
+        learning_rate = learning_rate * (1.0 - progress)
+    # gradient steps taken before this update, so target updates follow the counter
+    done_before = (state.update_count - config.warmup_updates) * config.gradient_steps
+    loss_grad = jax.grad(functools.partial(q_loss, parts), has_aux=True)
+
+    def gradient_step(carry, inputs):
+        params, target_params, opt_state = carry
+        step_key, index = inputs
+        batch = replay.sample(state.buffer, step_key, config.batch_size)
+        grads, diagnostics = loss_grad(params, target_params, meta_params, hypers, progress,
+                                       batch)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        updates = jax.tree.map(lambda u: -learning_rate * u, updates)
+        params = optax.apply_updates(params, updates)
+        target_params = off_policy.periodic_update(
+            target_params, params, hypers.tau, done_before + index + 1,
+            config.target_update_interval)
+        return (params, target_params, opt_state), diagnostics
+
+    (params, target_params, opt_state), diagnostics = jax.lax.scan(
+        gradient_step, (state.params, state.target_params, state.opt_state),
+        (jax.random.split(key, config.gradient_steps),
+         jnp.arange(config.gradient_steps, dtype=jnp.int32)),
+    )
+    return (params, target_params, opt_state), {k: v.mean() for k, v in diagnostics.items()}
+
+
+def skip_learning(parts: DQNParts, state: DQNState, meta_params, hypers: Hyperparams,
+                  key: jax.Array):
+    """What :func:`learn` returns during the warm-up: the state's networks unchanged, zero
+    diagnostics."""
+    del parts, meta_params, hypers, key
+    zero = jnp.zeros((), jnp.float32)
+    return (state.params, state.target_params, state.opt_state), {"td_loss": zero,
+                                                                  "q_mean": zero}
+
+
+def collect_epsilon_greedy(parts: DQNParts, state: DQNState, epsilon: jax.Array,
+                           uniform_key: jax.Array, action_key: jax.Array,
+                           collect_key: jax.Array):
+    """``train_frequency`` steps of the ``num_envs`` environments, acting epsilon-greedily
+    on ``state.params``, every transition added to ``state.buffer``.
+
+    Returns ``(actors, buffer, finished)`` as :func:`~inner_loops.off_policy.collect`.
+    """
+    config, network = parts.config, parts.network
+    shape = (config.train_frequency, config.num_envs)
+    noise = ExplorationNoise(
+        jax.random.uniform(uniform_key, shape),
+        off_policy.uniform_actions(action_key, parts.vec_env.spec, shape),
+    )
+    params = state.params
+
+    def act(obs, noise: ExplorationNoise):
+        greedy = jnp.argmax(network.apply(params, obs), axis=-1).astype(jnp.int32)
+        return jnp.where(noise.uniform < epsilon, noise.random_action, greedy)
+
+    return off_policy.collect(parts.vec_env, act, state.actors, state.buffer, collect_key,
+                              config.train_frequency, noise)
+
+
+def update(parts: DQNParts, meta_params, hypers: Hyperparams, state: DQNState, _=None):
+    """One DQN update: collect, then learn (or skip during the warm-up). Returns
+    ``(state, summary)`` with ``[]`` metrics (the ``lax.scan`` body of :func:`advance`)."""
+    key, uniform_key, action_key, collect_key, learn_key = jax.random.split(state.key, 5)
+    epsilon = epsilon_at(state.update_count, hypers, parts.config)
+    actors, buffer, finished = collect_epsilon_greedy(parts, state, epsilon, uniform_key,
+                                                      action_key, collect_key)
+    state = state.replace(actors=actors, buffer=buffer)
+    learning = state.update_count >= parts.config.warmup_updates
+    (params, target_params, opt_state), diagnostics = jax.lax.cond(
+        learning, functools.partial(learn, parts), functools.partial(skip_learning, parts),
+        state, meta_params, hypers, learn_key)
+    mean_return = finished.mean_return(state.last_return)
+    mean_length = finished.mean_length(state.last_length)
+    summary = dict(diagnostics)
+    summary.update(
+        finite=jnp.all(jnp.isfinite(jnp.stack(list(diagnostics.values())))),
+        episode_return=mean_return,
+        episode_length=mean_length,
+        episodes=finished.count,
+        epsilon=epsilon,
+        learning=learning,
+    )
+    state = state.replace(
+        params=params, target_params=target_params, opt_state=opt_state,
+        last_return=mean_return, last_length=mean_length, key=key,
+        update_count=state.update_count + 1,
+    )
+    return state, summary
+
+
+def advance(parts: DQNParts, state: DQNState, meta_params, hypers: Hyperparams,
+            num_updates: int) -> tuple[DQNState, dict[str, jax.Array]]:
+    """``num_updates`` updates in one ``lax.scan``; metrics ``[num_updates]`` each."""
+    return jax.lax.scan(functools.partial(update, parts, meta_params, hypers), state, None,
+                        length=num_updates)
+
+
+def evaluate(parts: DQNParts, state: DQNState, key: jax.Array) -> dict[str, jax.Array]:
+    """``eval_episodes`` greedy episodes of ``state.params``: ``eval_return`` and
+    ``eval_length``, ``[]`` each."""
+    def greedy(obs):
+        return jnp.argmax(parts.network.apply(state.params, obs), axis=-1).astype(jnp.int32)
+
+    evaluation = off_policy.evaluate_policy(parts.vec_env.env, greedy, key,
+                                            parts.config.eval_episodes, parts.eval_max_steps)
+    return evaluation._asdict()
+
+
 def build(config: DQNConfig, objective: Objective | None = None) -> Learner:
     """The DQN :class:`~inner_loops.learner.Learner` of ``config`` and ``objective``.
 
@@ -281,142 +468,20 @@ def build(config: DQNConfig, objective: Objective | None = None) -> Learner:
                          "steps an evaluation episode may last")
     example = off_policy.example_transition(spec)
     replay.check_buffer_memory(1, config.buffer_size, example)
-    network = make_q_network(config, spec)
-    num_envs, num_steps = config.num_envs, config.train_frequency
-    total_updates = config.num_updates
-
-    def loss_fn(params, target_params, meta_params, hypers, progress, batch):
-        q_all = network.apply(params, batch.obs)
-        q = jnp.take_along_axis(q_all, batch.action[:, None], axis=-1)[:, 0]
-        next_q_target = network.apply(target_params, batch.next_obs)
-        if config.double_dqn:
-            next_action = jnp.argmax(network.apply(params, batch.next_obs), axis=-1)
-            next_value = jnp.take_along_axis(next_q_target, next_action[:, None], axis=-1)[:, 0]
-        else:
-            next_value = jnp.max(next_q_target, axis=-1)
-        targets = off_policy.td_target(batch.reward, next_value, batch.terminated,
-                                       hypers.gamma)
-        inputs = LossInputs(values=q, targets=jax.lax.stop_gradient(targets),
-                            progress=progress)
-        loss = objective.value_loss(meta_params, inputs)
-        return loss, {"td_loss": loss, "q_mean": jnp.mean(q)}
-
-    def init(key, meta_params, hypers) -> DQNState:
-        del meta_params
-        key, init_key, reset_key = jax.random.split(key, 3)
-        actors = off_policy.reset_actors(vec_env, reset_key)
-        params = network.init(init_key, actors.obs)
-        nan = jnp.full((), jnp.nan, jnp.float32)
-        return DQNState(
-            params=params,
-            target_params=params,
-            opt_state=_optimizer(hypers).init(params),
-            buffer=replay.init(config.buffer_size, example),
-            actors=actors,
-            last_return=nan,
-            last_length=nan,
-            key=key,
-            update_count=jnp.zeros((), jnp.int32),
-        )
-
-    def learn(state: DQNState, meta_params, hypers, key):
-        """``gradient_steps`` gradient steps; returns the new learning parts of the state and
-        the mean diagnostics."""
-        optimizer = _optimizer(hypers)
-        progress = state.update_count / total_updates
-        learning_rate = hypers.learning_rate
-        if config.anneal_lr:
-            learning_rate = learning_rate * (1.0 - progress)
-        # gradient steps taken before this update, so target updates follow the counter
-        done_before = (state.update_count - config.warmup_updates) * config.gradient_steps
-
-        def gradient_step(carry, inputs):
-            params, target_params, opt_state = carry
-            step_key, index = inputs
-            batch = replay.sample(state.buffer, step_key, config.batch_size)
-            grads, diagnostics = jax.grad(loss_fn, has_aux=True)(
-                params, target_params, meta_params, hypers, progress, batch)
-            updates, opt_state = optimizer.update(grads, opt_state, params)
-            updates = jax.tree.map(lambda u: -learning_rate * u, updates)
-            params = optax.apply_updates(params, updates)
-            target_params = off_policy.periodic_update(
-                target_params, params, hypers.tau, done_before + index + 1,
-                config.target_update_interval)
-            return (params, target_params, opt_state), diagnostics
-
-        (params, target_params, opt_state), diagnostics = jax.lax.scan(
-            gradient_step, (state.params, state.target_params, state.opt_state),
-            (jax.random.split(key, config.gradient_steps),
-             jnp.arange(config.gradient_steps, dtype=jnp.int32)),
-        )
-        return (params, target_params, opt_state), {k: v.mean() for k, v in diagnostics.items()}
-
-    def skip(state: DQNState, meta_params, hypers, key):
-        del meta_params, hypers, key
-        zero = jnp.zeros((), jnp.float32)
-        return (state.params, state.target_params, state.opt_state), {"td_loss": zero,
-                                                                      "q_mean": zero}
-
-    def advance(state: DQNState, meta_params, hypers, num_updates: int):
-        def update(state: DQNState, _):
-            key, uniform_key, action_key, collect_key, learn_key = jax.random.split(state.key, 5)
-            epsilon = epsilon_at(state.update_count, hypers, config)
-            noise = ExplorationNoise(
-                jax.random.uniform(uniform_key, (num_steps, num_envs)),
-                off_policy.uniform_actions(action_key, spec, (num_steps, num_envs)),
-            )
-            params = state.params
-
-            def act(obs, noise: ExplorationNoise):
-                greedy = jnp.argmax(network.apply(params, obs), axis=-1).astype(jnp.int32)
-                return jnp.where(noise.uniform < epsilon, noise.random_action, greedy)
-
-            actors, buffer, finished = off_policy.collect(
-                vec_env, act, state.actors, state.buffer, collect_key, num_steps, noise)
-            state = state.replace(actors=actors, buffer=buffer)
-            learning = state.update_count >= config.warmup_updates
-            (params, target_params, opt_state), diagnostics = jax.lax.cond(
-                learning, learn, skip, state, meta_params, hypers, learn_key)
-            mean_return = finished.mean_return(state.last_return)
-            mean_length = finished.mean_length(state.last_length)
-            summary = dict(diagnostics)
-            summary.update(
-                finite=jnp.all(jnp.isfinite(jnp.stack(list(diagnostics.values())))),
-                episode_return=mean_return,
-                episode_length=mean_length,
-                episodes=finished.count,
-                epsilon=epsilon,
-                learning=learning,
-            )
-            state = state.replace(
-                params=params, target_params=target_params, opt_state=opt_state,
-                last_return=mean_return, last_length=mean_length, key=key,
-                update_count=state.update_count + 1,
-            )
-            return state, summary
-
-        return jax.lax.scan(update, state, None, length=num_updates)
-
-    def evaluate(state: DQNState, key):
-        def greedy(obs):
-            return jnp.argmax(network.apply(state.params, obs), axis=-1).astype(jnp.int32)
-
-        evaluation = off_policy.evaluate_policy(vec_env.env, greedy, key,
-                                                config.eval_episodes, eval_max_steps)
-        return evaluation._asdict()
-
+    parts = DQNParts(config, objective, vec_env, make_q_network(config, spec), example,
+                     eval_max_steps)
     return Learner(
         algorithm="dqn",
         config=config,
         objective=objective,
         spec=spec,
-        num_updates=total_updates,
+        num_updates=config.num_updates,
         steps_per_update=config.steps_per_update,
-        init_fn=init,
-        advance_fn=advance,
+        init_fn=functools.partial(init_state, parts),
+        advance_fn=functools.partial(advance, parts),
         default_meta_params=objective.init(jax.random.PRNGKey(0)),
         default_hypers=config.hyperparams(),
-        evaluate_fn=evaluate,
+        evaluate_fn=functools.partial(evaluate, parts),
     )
 
 

@@ -17,6 +17,7 @@ clipped value loss.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -26,7 +27,14 @@ import optax
 from flax import struct
 
 from inner_loops import networks
-from inner_loops.envs import EnvParamPairs, VecEnvState, env_param_pairs, make_vec_env
+from inner_loops.envs import (
+    EnvParamPairs,
+    EnvSpec,
+    VecEnv,
+    VecEnvState,
+    env_param_pairs,
+    make_vec_env,
+)
 from inner_loops.learner import Learner
 from inner_loops.linear import PRECISIONS
 from inner_loops.objective import LossInputs, Objective, clipped_l2, ppo_clip
@@ -298,6 +306,270 @@ def _check_policy_fits(config: PPOConfig, discrete: bool) -> None:
         )
 
 
+@dataclass(frozen=True, eq=False)
+class PPOParts:
+    """What :func:`build` makes once per config, and every piece of an update reads.
+
+    Attributes:
+        config: the static settings.
+        objective: the ``"policy"`` and ``"value"`` losses, PPO's defaults filled in.
+        vec_env: the agent's ``N`` environments, with their normalisers.
+        network: the actor-critic: ``network.apply(params, obs [..., *obs_shape]) ->
+            (logits_or_mean [..., A], log_std [A], value [...])``.
+        action_low, action_high: ``[A]`` bounds continuous actions are clipped to before
+            they reach the environment; ``None`` for discrete actions.
+    """
+
+    config: PPOConfig
+    objective: Objective
+    vec_env: VecEnv
+    network: networks.ActorCritic
+    action_low: jax.Array | None
+    action_high: jax.Array | None
+
+    @property
+    def discrete(self) -> bool:
+        return self.vec_env.spec.discrete
+
+
+def make_network(config: PPOConfig, spec: EnvSpec) -> networks.ActorCritic:
+    """The actor-critic of ``config`` for environment ``spec``."""
+    return networks.ActorCritic(
+        action_dim=spec.action_dim,
+        discrete=spec.discrete,
+        obs_ndim=len(spec.obs_shape),
+        hidden_sizes=config.hidden_sizes,
+        activation=config.activation,
+        precision=config.precision,
+    )
+
+
+def init_state(parts: PPOParts, key: jax.Array, meta_params, hypers: Hyperparams) -> PPOState:
+    """A fresh agent: reset environments, new network parameters, zeroed bookkeeping."""
+    del meta_params
+    num_envs = parts.config.num_envs
+    key, init_key, reset_key = jax.random.split(key, 3)
+    obs, env_state = parts.vec_env.reset(reset_key)
+    params = parts.network.init(init_key, obs)
+    nan = jnp.full((), jnp.nan, jnp.float32)
+    return PPOState(
+        params=params,
+        opt_state=_optimizer(hypers).init(params),
+        env_state=env_state,
+        obs=obs,
+        episodes=EpisodeStats(jnp.zeros(num_envs), jnp.zeros(num_envs)),
+        last_return=nan,
+        last_length=nan,
+        key=key,
+        update_count=jnp.zeros((), jnp.int32),
+    )
+
+
+def ppo_loss(parts: PPOParts, params, meta_params, hypers: Hyperparams, progress: jax.Array,
+             minibatch: Minibatch) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """The objective's policy and value losses on a ``[B]`` minibatch, less the entropy bonus.
+
+    Returns ``(total [], diagnostics)``: ``policy_loss``, ``value_loss``, ``entropy``,
+    ``approx_kl`` and ``clip_fraction``, each ``[]``.
+    """
+    config, objective, discrete = parts.config, parts.objective, parts.discrete
+    logits_or_mean, log_std, values = parts.network.apply(params, minibatch.obs)
+    new_log_prob = networks.log_prob(discrete, logits_or_mean, log_std, minibatch.action)
+    log_ratio = new_log_prob - minibatch.log_prob
+    advantages = minibatch.advantages
+    ratio = jnp.exp(log_ratio)
+    if config.normalize_advantages:
+        advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+    inputs = LossInputs(
+        ratio=ratio,
+        log_ratio=log_ratio,
+        advantages=advantages,
+        values=values,
+        old_values=minibatch.value,
+        targets=minibatch.targets,
+        clip_eps=hypers.clip_eps,
+        progress=progress,
+    )
+    policy_loss = objective.policy_loss(meta_params, inputs)
+    value_loss = objective.value_loss(meta_params, inputs)
+    entropy = jnp.mean(networks.entropy(discrete, logits_or_mean, log_std))
+    total = policy_loss + hypers.vf_coef * value_loss - hypers.ent_coef * entropy
+    diagnostics = {
+        "policy_loss": policy_loss,
+        "value_loss": value_loss,
+        "entropy": entropy,
+        "approx_kl": jnp.mean((ratio - 1.0) - log_ratio),
+        "clip_fraction": jnp.mean(jnp.abs(ratio - 1.0) > hypers.clip_eps),
+    }
+    return total, diagnostics
+
+
+# The named scopes ("rollout", "gae", "shuffle", "loss", "optimiser") label the compiled
+# program's operations for profiling (benchmarks/profile_ppo.py); they do not change what
+# is computed.
+
+
+def rollout_step(parts: PPOParts, hypers: Hyperparams, carry: RolloutCarry, noise):
+    """One step of the ``N`` environments under the current policy.
+
+    ``noise`` is ``(action noise [N, A], the environments' presampled noise for this
+    step)``. Returns the next carry and ``(Transition, EpisodeEnds)`` of this step, each
+    field ``[N, ...]``.
+    """
+    params, env_state, obs, episodes = carry
+    action_noise, env_noise = noise
+    logits_or_mean, log_std, value = parts.network.apply(params, obs)
+    action, log_prob = networks.action_from_noise(action_noise, parts.discrete,
+                                                  logits_or_mean, log_std)
+    env_action = (action if parts.discrete
+                  else jnp.clip(action, parts.action_low, parts.action_high))
+    step = parts.vec_env.step(None, env_state, env_action, hypers.gamma, env_noise)
+    done = jnp.logical_or(step.terminated, step.truncated)
+    running_return = episodes.running_return + step.raw_reward
+    running_length = episodes.running_length + 1
+    finished = EpisodeEnds(done, running_return, running_length)
+    episodes = EpisodeStats(
+        jnp.where(done, 0.0, running_return), jnp.where(done, 0.0, running_length)
+    )
+    transition = Transition(obs, action, log_prob, value, step.reward, step.terminated,
+                            done, step.final_obs)
+    return RolloutCarry(params, step.state, step.obs, episodes), (transition, finished)
+
+
+def collect_rollout(parts: PPOParts, hypers: Hyperparams, state: PPOState,
+                    action_key: jax.Array, env_key: jax.Array):
+    """``T = num_steps`` steps of the ``N`` environments from ``state``.
+
+    Returns ``(carry, rollout, finished)``: the :class:`RolloutCarry` after the last step,
+    the :class:`Transition` s ``[T, N, ...]`` and the :class:`EpisodeEnds` ``[T, N]``.
+    """
+    config = parts.config
+    # every random draw of the rollout is made here, in a few batched calls
+    noise = (
+        networks.action_noise(action_key, parts.discrete,
+                              (config.num_steps, config.num_envs, parts.vec_env.spec.action_dim)),
+        parts.vec_env.presample(env_key, config.num_steps),
+    )
+    with jax.named_scope("rollout"):
+        carry, (rollout, finished) = jax.lax.scan(
+            functools.partial(rollout_step, parts, hypers),
+            RolloutCarry(state.params, state.env_state, state.obs, state.episodes),
+            noise,
+        )
+    return carry, rollout, finished
+
+
+def shuffle_into_minibatches(config: PPOConfig, batch: Minibatch, key: jax.Array) -> Minibatch:
+    """``batch`` (fields ``[T, N, ...]``) flattened, shuffled and cut into
+    ``[num_minibatches, minibatch_size, ...]``."""
+    flat = jax.tree.map(lambda x: x.reshape(config.batch_size, *x.shape[2:]), batch)
+    order = shuffled_indices(key, config.batch_size)
+    return jax.tree.map(
+        lambda x: x[order].reshape(config.num_minibatches, -1, *x.shape[1:]), flat
+    )
+
+
+def train_epochs(parts: PPOParts, meta_params, hypers: Hyperparams, progress: jax.Array,
+                 learning_rate: jax.Array, params, opt_state, batch: Minibatch,
+                 key: jax.Array):
+    """``update_epochs`` passes over ``batch`` (fields ``[T, N, ...]``), each freshly
+    shuffled, one gradient step per minibatch.
+
+    Returns ``(params, opt_state, diagnostics)``, each diagnostic of :func:`ppo_loss`
+    ``[update_epochs, num_minibatches]``.
+    """
+    config = parts.config
+    optimizer = _optimizer(hypers)
+    loss_grad = jax.grad(functools.partial(ppo_loss, parts), has_aux=True)
+
+    def minibatch_step(carry, minibatch: Minibatch):
+        params, opt_state = carry
+        with jax.named_scope("loss"):
+            grads, diagnostics = loss_grad(params, meta_params, hypers, progress, minibatch)
+        with jax.named_scope("optimiser"):
+            updates, opt_state = optimizer.update(grads, opt_state, params)
+            updates = jax.tree.map(lambda u: -learning_rate * u, updates)
+            params = optax.apply_updates(params, updates)
+        return (params, opt_state), diagnostics
+
+    def epoch(carry, permutation_key):
+        with jax.named_scope("shuffle"):
+            minibatches = shuffle_into_minibatches(config, batch, permutation_key)
+        return jax.lax.scan(minibatch_step, carry, minibatches)
+
+    (params, opt_state), diagnostics = jax.lax.scan(
+        epoch, (params, opt_state), jax.random.split(key, config.update_epochs)
+    )
+    return params, opt_state, diagnostics
+
+
+def summarise(diagnostics: dict[str, jax.Array], finished: EpisodeEnds, state: PPOState,
+              learning_rate: jax.Array) -> dict[str, jax.Array]:
+    """The update's metrics, each ``[]``, from the ``[update_epochs, num_minibatches]``
+    loss diagnostics and the rollout's ``[T, N]`` episode ends (see :func:`build`)."""
+    done, returns, lengths = finished.done, finished.returns, finished.lengths
+    count = done.sum()
+    mean_return = jnp.where(
+        count > 0, jnp.sum(jnp.where(done, returns, 0.0)) / jnp.maximum(count, 1),
+        state.last_return,
+    )
+    mean_length = jnp.where(
+        count > 0, jnp.sum(jnp.where(done, lengths, 0.0)) / jnp.maximum(count, 1),
+        state.last_length,
+    )
+    summary = {k: v.mean() for k, v in diagnostics.items()}
+    summary["finite"] = jnp.all(
+        jnp.stack([jnp.all(jnp.isfinite(v)) for v in diagnostics.values()])
+    )
+    summary.update(
+        episode_return=mean_return,
+        episode_length=mean_length,
+        episodes=count,
+        learning_rate=learning_rate,
+    )
+    return summary
+
+
+def update(parts: PPOParts, meta_params, hypers: Hyperparams, state: PPOState, _=None):
+    """One PPO update: rollout, GAE, epochs of minibatch steps. Returns ``(state, summary)``
+    (the ``lax.scan`` body of :func:`advance`)."""
+    config, network = parts.config, parts.network
+    key, action_key, env_key, epoch_key = jax.random.split(state.key, 4)
+    carry, rollout, finished = collect_rollout(parts, hypers, state, action_key, env_key)
+    with jax.named_scope("gae"):
+        next_values = network.apply(state.params, rollout.final_obs, method=network.value)
+        advantages, targets = compute_gae(
+            rollout.reward, rollout.value, next_values, rollout.terminated,
+            rollout.done, hypers.gamma, hypers.gae_lambda,
+        )
+    progress = state.update_count / config.num_updates
+    learning_rate = hypers.learning_rate
+    if config.anneal_lr:
+        learning_rate = learning_rate * (1.0 - progress)
+    # only what the loss reads is shuffled into minibatches
+    batch = Minibatch(rollout.obs, rollout.action, rollout.log_prob, rollout.value,
+                      advantages, targets)
+    params, opt_state, diagnostics = train_epochs(
+        parts, meta_params, hypers, progress, learning_rate, state.params, state.opt_state,
+        batch, epoch_key,
+    )
+    summary = summarise(diagnostics, finished, state, learning_rate)
+    state = PPOState(
+        params=params, opt_state=opt_state, env_state=carry.env_state, obs=carry.obs,
+        episodes=carry.episodes, last_return=summary["episode_return"],
+        last_length=summary["episode_length"], key=key,
+        update_count=state.update_count + 1,
+    )
+    return state, summary
+
+
+def advance(parts: PPOParts, state: PPOState, meta_params, hypers: Hyperparams,
+            num_updates: int) -> tuple[PPOState, dict[str, jax.Array]]:
+    """``num_updates`` updates in one ``lax.scan``; metrics ``[num_updates]`` each."""
+    return jax.lax.scan(functools.partial(update, parts, meta_params, hypers), state, None,
+                        length=num_updates)
+
+
 def build(config: PPOConfig, objective: Objective | None = None) -> Learner:
     """The PPO :class:`~inner_loops.learner.Learner` of ``config`` and ``objective``.
 
@@ -321,191 +593,23 @@ def build(config: PPOConfig, objective: Objective | None = None) -> Learner:
         config.env_params,
     )
     spec = vec_env.spec
-    discrete = spec.discrete
-    _check_policy_fits(config, discrete)
-    network = networks.ActorCritic(
-        action_dim=spec.action_dim,
-        discrete=discrete,
-        obs_ndim=len(spec.obs_shape),
-        hidden_sizes=config.hidden_sizes,
-        activation=config.activation,
-        precision=config.precision,
-    )
-    if discrete:
+    _check_policy_fits(config, spec.discrete)
+    if spec.discrete:
         action_low = action_high = None
     else:
         action_low = jnp.asarray(spec.action_low, jnp.float32)
         action_high = jnp.asarray(spec.action_high, jnp.float32)
-    total_updates = config.num_updates
-    num_envs, num_steps = config.num_envs, config.num_steps
-
-    def loss_fn(params, meta_params, hypers, progress, minibatch: Minibatch):
-        logits_or_mean, log_std, values = network.apply(params, minibatch.obs)
-        new_log_prob = networks.log_prob(discrete, logits_or_mean, log_std, minibatch.action)
-        log_ratio = new_log_prob - minibatch.log_prob
-        advantages = minibatch.advantages
-        ratio = jnp.exp(log_ratio)
-        if config.normalize_advantages:
-            advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
-        inputs = LossInputs(
-            ratio=ratio,
-            log_ratio=log_ratio,
-            advantages=advantages,
-            values=values,
-            old_values=minibatch.value,
-            targets=minibatch.targets,
-            clip_eps=hypers.clip_eps,
-            progress=progress,
-        )
-        policy_loss = objective.policy_loss(meta_params, inputs)
-        value_loss = objective.value_loss(meta_params, inputs)
-        entropy = jnp.mean(networks.entropy(discrete, logits_or_mean, log_std))
-        total = policy_loss + hypers.vf_coef * value_loss - hypers.ent_coef * entropy
-        diagnostics = {
-            "policy_loss": policy_loss,
-            "value_loss": value_loss,
-            "entropy": entropy,
-            "approx_kl": jnp.mean((ratio - 1.0) - log_ratio),
-            "clip_fraction": jnp.mean(jnp.abs(ratio - 1.0) > hypers.clip_eps),
-        }
-        return total, diagnostics
-
-    def init(key, meta_params, hypers) -> PPOState:
-        del meta_params
-        key, init_key, reset_key = jax.random.split(key, 3)
-        obs, env_state = vec_env.reset(reset_key)
-        params = network.init(init_key, obs)
-        nan = jnp.full((), jnp.nan, jnp.float32)
-        return PPOState(
-            params=params,
-            opt_state=_optimizer(hypers).init(params),
-            env_state=env_state,
-            obs=obs,
-            episodes=EpisodeStats(jnp.zeros(num_envs), jnp.zeros(num_envs)),
-            last_return=nan,
-            last_length=nan,
-            key=key,
-            update_count=jnp.zeros((), jnp.int32),
-        )
-
-    def advance(state: PPOState, meta_params, hypers, num_updates: int):
-        optimizer = _optimizer(hypers)
-
-        def env_step(carry: RolloutCarry, noise):
-            params, env_state, obs, episodes = carry
-            action_noise, env_noise = noise
-            logits_or_mean, log_std, value = network.apply(params, obs)
-            action, log_prob = networks.action_from_noise(action_noise, discrete,
-                                                          logits_or_mean, log_std)
-            env_action = action if discrete else jnp.clip(action, action_low, action_high)
-            step = vec_env.step(None, env_state, env_action, hypers.gamma, env_noise)
-            done = jnp.logical_or(step.terminated, step.truncated)
-            running_return = episodes.running_return + step.raw_reward
-            running_length = episodes.running_length + 1
-            finished = EpisodeEnds(done, running_return, running_length)
-            episodes = EpisodeStats(
-                jnp.where(done, 0.0, running_return), jnp.where(done, 0.0, running_length)
-            )
-            transition = Transition(obs, action, log_prob, value, step.reward, step.terminated,
-                                    done, step.final_obs)
-            return RolloutCarry(params, step.state, step.obs, episodes), (transition, finished)
-
-        def update(state: PPOState, _):
-            key, action_key, env_key, epoch_key = jax.random.split(state.key, 4)
-            # every random draw of the rollout is made here, in a few batched calls
-            noise = (
-                networks.action_noise(action_key, discrete,
-                                      (num_steps, num_envs, spec.action_dim)),
-                vec_env.presample(env_key, num_steps),
-            )
-            params = state.params
-            # the named scopes label the compiled program's operations for profiling
-            # (benchmarks/profile_ppo.py); they do not change what is computed
-            with jax.named_scope("rollout"):
-                carry, (rollout, finished) = jax.lax.scan(
-                    env_step, RolloutCarry(params, state.env_state, state.obs, state.episodes),
-                    noise,
-                )
-            with jax.named_scope("gae"):
-                next_values = network.apply(params, rollout.final_obs, method=network.value)
-                advantages, targets = compute_gae(
-                    rollout.reward, rollout.value, next_values, rollout.terminated,
-                    rollout.done, hypers.gamma, hypers.gae_lambda,
-                )
-            progress = state.update_count / total_updates
-            learning_rate = hypers.learning_rate
-            if config.anneal_lr:
-                learning_rate = learning_rate * (1.0 - progress)
-
-            def minibatch_step(carry, minibatch):
-                params, opt_state = carry
-                with jax.named_scope("loss"):
-                    grads, diagnostics = jax.grad(loss_fn, has_aux=True)(
-                        params, meta_params, hypers, progress, minibatch
-                    )
-                with jax.named_scope("optimiser"):
-                    updates, opt_state = optimizer.update(grads, opt_state, params)
-                    updates = jax.tree.map(lambda u: -learning_rate * u, updates)
-                    params = optax.apply_updates(params, updates)
-                return (params, opt_state), diagnostics
-
-            # only what the loss reads is shuffled into minibatches
-            batch = Minibatch(rollout.obs, rollout.action, rollout.log_prob, rollout.value,
-                              advantages, targets)
-
-            def epoch(carry, permutation_key):
-                with jax.named_scope("shuffle"):
-                    flat = jax.tree.map(lambda x: x.reshape(config.batch_size, *x.shape[2:]),
-                                        batch)
-                    order = shuffled_indices(permutation_key, config.batch_size)
-                    minibatches = jax.tree.map(
-                        lambda x: x[order].reshape(config.num_minibatches, -1, *x.shape[1:]),
-                        flat,
-                    )
-                return jax.lax.scan(minibatch_step, carry, minibatches)
-
-            (params, opt_state), diagnostics = jax.lax.scan(
-                epoch, (params, state.opt_state),
-                jax.random.split(epoch_key, config.update_epochs),
-            )
-            done, returns, lengths = finished.done, finished.returns, finished.lengths
-            count = done.sum()
-            mean_return = jnp.where(
-                count > 0, jnp.sum(jnp.where(done, returns, 0.0)) / jnp.maximum(count, 1),
-                state.last_return,
-            )
-            mean_length = jnp.where(
-                count > 0, jnp.sum(jnp.where(done, lengths, 0.0)) / jnp.maximum(count, 1),
-                state.last_length,
-            )
-            summary = {k: v.mean() for k, v in diagnostics.items()}
-            summary["finite"] = jnp.all(
-                jnp.stack([jnp.all(jnp.isfinite(v)) for v in diagnostics.values()])
-            )
-            summary.update(
-                episode_return=mean_return,
-                episode_length=mean_length,
-                episodes=count,
-                learning_rate=learning_rate,
-            )
-            state = PPOState(
-                params=params, opt_state=opt_state, env_state=carry.env_state, obs=carry.obs,
-                episodes=carry.episodes, last_return=mean_return, last_length=mean_length, key=key,
-                update_count=state.update_count + 1,
-            )
-            return state, summary
-
-        return jax.lax.scan(update, state, None, length=num_updates)
-
+    parts = PPOParts(config, objective, vec_env, make_network(config, spec), action_low,
+                     action_high)
     return Learner(
         algorithm="ppo",
         config=config,
         objective=objective,
         spec=spec,
-        num_updates=total_updates,
+        num_updates=config.num_updates,
         steps_per_update=config.batch_size,
-        init_fn=init,
-        advance_fn=advance,
+        init_fn=functools.partial(init_state, parts),
+        advance_fn=functools.partial(advance, parts),
         default_meta_params=objective.init(jax.random.PRNGKey(0)),
         default_hypers=config.hyperparams(),
     )
