@@ -46,7 +46,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from inner_loops.envs import PROBE_PREFIX, Env, EnvSpec, EnvStep
+from inner_loops.env_spec import PROBE_PREFIX, Env, EnvSpec, EnvStep
 
 VARIANTS = ("discrete", "continuous")
 # Best continuous action of ``action`` (and ``observation_action`` at s = +1).
