@@ -24,12 +24,3 @@ if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
 os.environ.setdefault("MPLBACKEND", "Agg")
 # Cache entries built on this very host make XLA log a spurious CPU-feature mismatch.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-
-import jax  # noqa: E402  (after the environment above, which jax reads at import)
-
-# In-process tests run on one CPU device, as they did before ``import metarl`` started
-# exposing one device per core; the tests of several devices start their own processes.
-if not os.environ.get("JAX_NUM_CPU_DEVICES") and "device_count" not in os.environ.get(
-    "XLA_FLAGS", ""
-):
-    jax.config.update("jax_num_cpu_devices", 1)

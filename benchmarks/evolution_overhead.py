@@ -18,9 +18,10 @@ import time
 
 import jax
 
+import metarl
 from inner_loops.population import broadcast_to_population
-from metarl.config import config_from_dict
-from metarl.evolution import Evolution
+from metarl.evolve.config import config_from_dict
+from metarl.evolve.generation import Evolution
 
 
 def main() -> None:
@@ -31,6 +32,7 @@ def main() -> None:
     parser.add_argument("--total-timesteps", type=int, default=65_536)
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
+    metarl.use_cpu_cores()  # one JAX CPU device per core, before JAX starts
 
     config = config_from_dict({
         "objective": {"name": args.objective},

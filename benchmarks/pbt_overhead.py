@@ -30,6 +30,7 @@ from pathlib import Path
 
 import jax
 
+import metarl
 from inner_loops import PPOConfig, make_learner
 from metarl import sharding
 from metarl.population.pbt import PBTConfig, initial_population, make_segment, segment_record
@@ -43,6 +44,7 @@ def main() -> None:
     parser.add_argument("--segment-updates", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
+    metarl.use_cpu_cores()  # one JAX CPU device per core, before JAX starts
 
     import orbax.checkpoint as ocp
 

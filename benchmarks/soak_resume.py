@@ -70,7 +70,7 @@ def child_env(cache_dir: Path) -> dict[str, str]:
 def command(config: Path, run_dir: Path) -> list[str]:
     if (run_dir / "config.json").is_file():
         return [sys.executable, "-m", "metarl.cli", "resume", str(run_dir), "--no-plots"]
-    return [sys.executable, "-m", "metarl.cli", "evolve", str(config), "--run-dir",
+    return [sys.executable, "-m", "metarl.cli", "run", str(config), "--run-dir",
             str(run_dir), "--no-plots"]
 
 

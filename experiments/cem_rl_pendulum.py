@@ -35,10 +35,11 @@ import jax.numpy as jnp
 import numpy as np
 from matplotlib.figure import Figure
 
+import metarl
 from inner_loops.td3 import TD3Config, build
-from metarl.evaluate import bootstrap_ci
+from metarl.figures.population import plot_cem_rl
 from metarl.population.cem_rl import CEMRLConfig, generation_record, make_cem_rl
-from metarl.population.plots import plot_cem_rl
+from metarl.stats import bootstrap_ci
 
 FIRST_SEED = 1000  # held out: development used seeds 0-9
 EVAL_EPISODES = 20
@@ -113,6 +114,7 @@ def main() -> None:
     parser.add_argument("--population", type=int, default=6)
     parser.add_argument("--out", default="docs/results/cem_rl_pendulum.json")
     args = parser.parse_args()
+    metarl.use_cpu_cores()  # one JAX CPU device per core, before JAX starts
     if args.generations % 2:
         parser.error("--generations: must be even (TD3 is evaluated every 2 generations)")
 

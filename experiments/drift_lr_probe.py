@@ -18,9 +18,10 @@ from pathlib import Path
 
 import jax
 
-import metarl  # noqa: F401  (one JAX CPU device per core, before JAX starts)
-from metarl.config import FitnessConfig, load_config
-from metarl.evaluate import evaluate_objective
+import metarl
+from metarl.evolve.config import FitnessConfig
+from metarl.evolve.evaluate import evaluate_objective
+from metarl.kinds import load_experiment
 from metarl.objectives import make_objective
 
 EXPERIMENT = Path(__file__).with_name("lpo_cpu.toml")
@@ -35,7 +36,8 @@ def main(argv=None) -> int:
     parser.add_argument("--eval-seed", type=int, default=5)
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
-    config = load_config(EXPERIMENT)
+    metarl.use_cpu_cores()  # one JAX CPU device per core, before JAX starts
+    config = load_experiment(EXPERIMENT)
     fitness = FitnessConfig(metric="mean_return")
     rows = []
     for base in config.inner:

@@ -35,10 +35,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+import metarl
 from inner_loops.td3 import TD3Config
-from metarl.evaluate import bootstrap_ci
+from metarl.figures.population import plot_dvd
 from metarl.population.dvd import DvDConfig, make_dvd, segment_record
-from metarl.population.plots import plot_dvd
+from metarl.stats import bootstrap_ci
 
 FIRST_SEED = 1000  # held out: development used seeds 0-9
 EVAL_EPISODES = 20
@@ -122,6 +123,7 @@ def main() -> None:
     parser.add_argument("--arms", default="none,bandit,constant")
     parser.add_argument("--out", default="docs/results/dvd_pendulum.json")
     args = parser.parse_args()
+    metarl.use_cpu_cores()  # one JAX CPU device per core, before JAX starts
 
     inner = TD3Config(env_id="Pendulum-v1", actor_hidden_sizes=(64, 64),
                       critic_hidden_sizes=(64, 64), total_timesteps=args.steps,

@@ -52,10 +52,11 @@ import jax.numpy as jnp
 import numpy as np
 from matplotlib.figure import Figure
 
+import metarl
 from inner_loops.registry import make_learner
-from metarl.evaluate import bootstrap_ci
+from metarl.kinds import config_kind, load_experiment
 from metarl.population.pbt import PBTConfig, initial_population, make_segment
-from metarl.population.pbt_run import load_pbt_config
+from metarl.stats import bootstrap_ci
 
 FIRST_SEED = 1000  # held out: the experiment files and their development used seeds 0-9
 EVAL_SEED = 10_007  # the evaluation keys of `metarl evaluate`
@@ -240,8 +241,12 @@ def main() -> None:
                         help="override a field of the file, as `metarl run --set`")
     parser.add_argument("--out", default="docs/results/pbt_vs_fixed_ppo_cartpole.json")
     args = parser.parse_args()
+    metarl.use_cpu_cores()  # one JAX CPU device per core, before JAX starts
 
-    experiment = load_pbt_config(args.config, args.set)
+    experiment = load_experiment(args.config, args.set)
+    if config_kind(experiment) != "pbt":
+        parser.error(f"--config: {args.config} is a {config_kind(experiment)!r} experiment, "
+                     "not a pbt one")
     pbt = experiment.pbt
     if args.reseed in ("true", "false"):
         pbt = dataclasses.replace(pbt, reseed_copies=args.reseed == "true")

@@ -1,21 +1,17 @@
 """metarl: discover RL objectives by evolution; train populations of agents in one jit.
 
-Importing metarl exposes one JAX CPU device per core when JAX has not started yet
-(:func:`metarl.sharding.use_cpu_cores`), so sharded runs use every core of a CPU machine
-without further setup. Choose another count with ``JAX_NUM_CPU_DEVICES``, or by calling
-``use_cpu_cores(n)`` before JAX's first computation.
+Importing metarl (or any of its modules) changes no JAX or XLA setting and starts no JAX
+computation. On a CPU, JAX exposes one device unless asked for more: the ``metarl`` command
+exposes one per core (``--cpu-devices``), and a script or notebook that wants its sharded
+populations on every core calls :func:`use_cpu_cores` first, before anything computes with
+JAX::
+
+    import metarl
+    metarl.use_cpu_cores()          # one CPU device per core (or use_cpu_cores(n))
+
+Runs of every kind start, continue, evaluate and draw through :mod:`metarl.kinds`.
 """
 
 from metarl.sharding import use_cpu_cores
-
-
-def _use_cpu_cores_if_unstarted() -> None:
-    try:
-        use_cpu_cores()
-    except RuntimeError:
-        pass  # JAX already computes in this process: its devices stay as they are
-
-
-_use_cpu_cores_if_unstarted()
 
 __all__ = ["use_cpu_cores"]

@@ -1,13 +1,14 @@
-"""``metarl run | evolve | resume | evaluate | plot | compare | sweep | runs`` — the command
-line of the toolkit. ``run`` starts an experiment file of any kind (``metarl.kinds``);
-``resume``, ``evaluate`` and ``plot`` read the kind of the run directory.
+"""``metarl run | resume | evaluate | plot | compare | sweep | runs | devices`` — the command
+line of the toolkit, and the only module that parses arguments and chooses devices. ``run``
+starts an experiment file of any kind (:mod:`metarl.kinds`); ``resume``, ``evaluate`` and
+``plot`` read the kind of the run directory.
 
 Exit codes: 0 success; 2 a config or run-directory error (one line on stderr naming the
 problem, no traceback: a bad field, a directory in use or holding another run, no usable
 checkpoint, a refused config change, a full disk); 3 a run that stopped itself (e.g.
 ``run.max_invalid_generations`` generations in a row with every candidate invalid).
 
-For several processes (one per node), start ``metarl --distributed evolve ...`` in each:
+For several processes (one per node), start ``metarl --distributed run ...`` in each:
 it initialises ``jax.distributed`` (:mod:`metarl.distributed`) and then runs the command;
 only process 0 writes files and prints.
 
@@ -26,20 +27,14 @@ from pathlib import Path
 from metarl import distributed, sharding
 
 
-def _evolve(args) -> int:
-    from metarl.config import load_config
-    from metarl.run import evolve
+def _run(args) -> int:
+    from metarl.kinds import load_experiment, start
 
     overrides = list(args.set)
     if args.track:
         overrides.append(f"run.trackers={list(args.track)!r}")
-    return _report(evolve(load_config(args.config, overrides), args.run_dir), args.no_plots)
-
-
-def _run(args) -> int:
-    from metarl.kinds import load_experiment, start
-
-    return _report(start(load_experiment(args.config, args.set), args.run_dir), args.no_plots)
+    return _report(start(load_experiment(args.config, overrides), args.run_dir),
+                   args.no_plots)
 
 
 def _resume(args) -> int:
@@ -64,43 +59,31 @@ def _report(result, no_plots: bool) -> int:
     return 0
 
 
-def _evaluate_population(args, kind: str) -> int:
-    """Evaluate a population run (pbt, cem_rl, dvd): its final members / result."""
-    from metarl.kinds import kind_spec
-
-    ignored = [flag for flag, value, default in (
-        ("--env", args.env, []), ("--seeds", args.seeds, 16), ("--baselines", args.baselines,
-                                                               None),
-        ("--which", args.which, "mean"), ("--total-timesteps", args.total_timesteps, None))
-        if value != default]
-    if ignored:
-        from metarl.config import ConfigError
-
-        raise ConfigError(f"{', '.join(ignored)}: only for evolution runs; a {kind} run is "
-                          "evaluated on its final population (--eval-seed, --rerun)")
-    spec = kind_spec(kind)
-    report = spec.evaluate(args.run_dir, args.eval_seed, rerun=args.rerun)
-    print(spec.format_evaluation(report))
-    print(("reusing " if report.get("reused") else "saved ") + str(report["path"]))
-    return 0
+EVOLVE_ONLY_OPTIONS = (  # (flag, keyword of evaluate_run, default on the command line)
+    ("--env", "env_ids", []), ("--seeds", "seeds", 16), ("--baselines", "baselines", None),
+    ("--which", "which", "mean"), ("--total-timesteps", "total_timesteps", None))
 
 
 def _evaluate(args) -> int:
-    from metarl.kinds import EVOLVE, run_kind
+    from metarl.kinds import EVOLVE, evaluate, format_evaluation, run_kind
 
     kind = run_kind(args.run_dir)
-    if kind != EVOLVE:
-        return _evaluate_population(args, kind)
-    from metarl.evaluate import evaluate_run, format_table
+    options = {"eval_seed": args.eval_seed, "rerun": args.rerun}
+    given = {flag: (name, getattr(args, name)) for flag, name, default in EVOLVE_ONLY_OPTIONS
+             if getattr(args, name) != default}
+    if kind != EVOLVE and given:
+        from metarl.config import ConfigError
 
-    baselines = args.baselines.split(",") if args.baselines else None
-    report = evaluate_run(args.run_dir, args.env or None, args.seeds, baselines, args.which,
-                          args.eval_seed, args.total_timesteps, rerun=args.rerun)
-    print(format_table(report))
+        raise ConfigError(f"{', '.join(given)}: only for evolution runs; a {kind} run is "
+                          "evaluated on its final population (--eval-seed, --rerun)")
+    options.update(given.values())
+    if options.get("baselines"):
+        options["baselines"] = options["baselines"].split(",")
+    report = evaluate(args.run_dir, **options)
+    print(format_evaluation(args.run_dir, report))
     if report.get("reused"):
-        print(f"reusing {report['path']}: the same evaluation (environments, seeds, budget, "
-              "meta-parameters and baselines) was made before; pass --rerun to compute it "
-              "again and replace it")
+        print(f"reusing {report['path']}: the same evaluation was made before; pass --rerun "
+              "to compute it again and replace it")
     elif report.get("replaced"):
         print(f"replaced {report['path']} with this new evaluation (--rerun)")
     else:
@@ -123,7 +106,7 @@ def _runs(args) -> int:
 def _compare(args) -> int:
     from datetime import datetime
 
-    from metarl.compare import compare_runs, format_comparison, save_comparison
+    from metarl.evolve.compare import compare_runs, format_comparison, save_comparison
 
     comparison = compare_runs(args.run_dirs)
     print(format_comparison(comparison))
@@ -138,10 +121,16 @@ def _compare(args) -> int:
 def _sweep(args) -> int:
     from datetime import datetime
 
-    from metarl.config import load_config
+    from metarl.kinds import EVOLVE, config_kind, load_experiment
     from metarl.sweep import format_sweep, parse_grid, run_sweep, save_sweep
 
-    config = load_config(args.config, args.set)
+    config = load_experiment(args.config, args.set)
+    if config_kind(config) != EVOLVE:
+        from metarl.config import ConfigError
+
+        raise ConfigError(f"kind: sweep trains an evolution experiment's first [inner] table "
+                          f"with its objective; {args.config} is a {config_kind(config)!r} "
+                          "experiment")
     grid = [parse_grid(text) for text in args.grid]
     report = run_sweep(config, grid, args.seeds, args.seed)
     if not distributed.is_primary():
@@ -183,52 +172,32 @@ def _plot_quietly(run_dir) -> None:
     print(f"plots: {', '.join(str(p) for p in paths)}")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="metarl", description="Discover RL objectives by evolution."
-    )
-    parser.add_argument(
-        "--distributed", action="store_true",
-        help="join a multi-process run (one process per host) with jax.distributed before "
-             "the command: the cluster is detected (SLURM, ...) or read from "
-             "METARL_COORDINATOR, METARL_NUM_PROCESSES and METARL_PROCESS_ID",
-    )
-    parser.add_argument(
-        "--cpu-devices", type=int, default=None, metavar="N",
-        help="JAX CPU devices to expose (default: one per core, unless JAX_NUM_CPU_DEVICES "
-             "or XLA_FLAGS already set a count); a sharded run splits its population over "
-             "them, which is how it uses every core",
-    )
-    commands = parser.add_subparsers(dest="command", required=True)
+TRACKER_CHOICES = ("tensorboard", "wandb")
 
+
+def _add_set(parser: argparse.ArgumentParser, example: str) -> None:
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help=f"override a config field, e.g. --set {example} (values parsed "
+                             "as TOML; repeatable)")
+
+
+def _add_run_commands(commands) -> None:
+    """``run`` and ``resume``: the commands that train."""
     run = commands.add_parser(
         "run", help="start a run of any kind from an experiment file (kind = \"evolve\", "
                     "the default, \"pbt\", \"cem_rl\" or \"dvd\")")
-    run.add_argument("config", help="experiment file, e.g. experiments/pbt_ppo_cartpole.toml")
-    run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                     help="override a config field, e.g. --set pbt.population_size=16 "
-                          "(values parsed as TOML; repeatable)")
+    run.add_argument("config",
+                     help="experiment file, e.g. experiments/value_distance_cartpole.toml")
+    _add_set(run, "es.generations=5")
     run.add_argument("--run-dir", default=None,
                      help="where to write the run (default: <run.output_dir>/<name>-<time>)")
     run.add_argument("--no-plots", action="store_true", help="skip the plots at the end")
+    run.add_argument("--track", action="append", default=[], metavar="TRACKER",
+                     choices=TRACKER_CHOICES,
+                     help="send metrics and figures to tensorboard or wandb (offline unless "
+                          "WANDB_MODE says otherwise); repeatable; the same as run.trackers "
+                          "in the experiment file")
     run.set_defaults(handler=_run)
-
-    evolve = commands.add_parser("evolve", help="start a meta-evolution run from a config file")
-    evolve.add_argument(
-        "config", help="experiment file, e.g. experiments/value_distance_cartpole.toml"
-    )
-    evolve.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a config field, e.g. --set es.generations=5 "
-                             "(values parsed as TOML; repeatable)")
-    evolve.add_argument("--run-dir", default=None,
-                        help="where to write the run (default: <run.output_dir>/<name>-<time>)")
-    evolve.add_argument("--no-plots", action="store_true", help="skip the plots at the end")
-    evolve.add_argument("--track", action="append", default=[], metavar="TRACKER",
-                        choices=("tensorboard", "wandb"),
-                        help="send metrics and figures to tensorboard or wandb (offline "
-                             "unless WANDB_MODE says otherwise); repeatable; the same as "
-                             "run.trackers in the experiment file")
-    evolve.set_defaults(handler=_evolve)
 
     resume = commands.add_parser("resume", help="continue a run from its latest checkpoint")
     resume.add_argument("run_dir")
@@ -241,17 +210,20 @@ def build_parser() -> argparse.ArgumentParser:
                              "the change is recorded in metrics.jsonl and config_history.jsonl")
     resume.add_argument("--no-plots", action="store_true")
     resume.add_argument("--track", action="append", default=None, metavar="TRACKER",
-                        choices=("tensorboard", "wandb"),
+                        choices=TRACKER_CHOICES,
                         help="send metrics and figures to these trackers from here on "
                              "(repeatable; default: the run's run.trackers)")
     resume.set_defaults(handler=_resume)
 
+
+def _add_reading_commands(commands) -> None:
+    """``evaluate``, ``plot``, ``compare`` and ``runs``: the commands over saved runs."""
     evaluate = commands.add_parser(
         "evaluate", help="train fresh agents with the evolved objective and baselines (a "
                          "pbt, cem_rl or dvd run: evaluate its final population)"
     )
     evaluate.add_argument("run_dir")
-    evaluate.add_argument("--env", action="append", default=[],
+    evaluate.add_argument("--env", dest="env_ids", action="append", default=[],
                           help="environment id (repeatable; default: the run's)")
     evaluate.add_argument("--seeds", type=int, default=16, help="held-out seeds (default 16)")
     evaluate.add_argument("--baselines", default=None,
@@ -281,24 +253,6 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--no-plots", action="store_true", help="print the table only")
     compare.set_defaults(handler=_compare)
 
-    sweep = commands.add_parser(
-        "sweep", help="train every combination of a hyperparameter grid × seeds as one "
-                      "vmapped population and tabulate the results")
-    sweep.add_argument("config", help="experiment file: its first [inner] table and its "
-                                      "objective are what is swept")
-    sweep.add_argument("--grid", action="append", default=[], metavar="FIELD=V1,V2,...",
-                       help="a traced hyperparameter and its values, e.g. "
-                            "--grid inner.learning_rate=1e-4,3e-4,1e-3 (repeatable: the "
-                            "combinations of all of them are trained)")
-    sweep.add_argument("--seeds", type=int, default=8, help="seeds per combination (default 8)")
-    sweep.add_argument("--seed", type=int, default=0, help="first PRNG seed")
-    sweep.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                       help="override a config field first, as for evolve")
-    sweep.add_argument("--out", default=None,
-                       help="output folder (default: <run.output_dir>/<name>-sweep-<time>)")
-    sweep.add_argument("--no-plots", action="store_true", help="write the table only")
-    sweep.set_defaults(handler=_sweep)
-
     runs = commands.add_parser(
         "runs", help="list run directories: state (running, finished, stopped, "
                      "interrupted), generation reached, best fitness, start time")
@@ -306,10 +260,52 @@ def build_parser() -> argparse.ArgumentParser:
                       help="a run directory or a folder of them (default: runs)")
     runs.set_defaults(handler=_runs)
 
+
+def _add_tool_commands(commands) -> None:
+    """``sweep`` and ``devices``."""
+    sweep = commands.add_parser(
+        "sweep", help="train every combination of a hyperparameter grid × seeds as one "
+                      "vmapped population and tabulate the results")
+    sweep.add_argument("config", help="evolution experiment file: its first [inner] table "
+                                      "and its objective are what is swept")
+    sweep.add_argument("--grid", action="append", default=[], metavar="FIELD=V1,V2,...",
+                       help="a traced hyperparameter and its values, e.g. "
+                            "--grid inner.learning_rate=1e-4,3e-4,1e-3 (repeatable: the "
+                            "combinations of all of them are trained)")
+    sweep.add_argument("--seeds", type=int, default=8, help="seeds per combination (default 8)")
+    sweep.add_argument("--seed", type=int, default=0, help="first PRNG seed")
+    _add_set(sweep, "inner.total_timesteps=16384")
+    sweep.add_argument("--out", default=None,
+                       help="output folder (default: <run.output_dir>/<name>-sweep-<time>)")
+    sweep.add_argument("--no-plots", action="store_true", help="write the table only")
+    sweep.set_defaults(handler=_sweep)
+
     devices = commands.add_parser(
         "devices", help="list the JAX devices a run would shard its population over"
     )
     devices.set_defaults(handler=_devices)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="metarl", description="Discover RL objectives by evolution and train "
+                                   "populations of agents.")
+    parser.add_argument(
+        "--distributed", action="store_true",
+        help="join a multi-process run (one process per host) with jax.distributed before "
+             "the command: the cluster is detected (SLURM, ...) or read from "
+             "METARL_COORDINATOR, METARL_NUM_PROCESSES and METARL_PROCESS_ID",
+    )
+    parser.add_argument(
+        "--cpu-devices", type=int, default=None, metavar="N",
+        help="JAX CPU devices to expose (default: one per core, unless JAX_NUM_CPU_DEVICES "
+             "or XLA_FLAGS already set a count); a sharded run splits its population over "
+             "them, which is how it uses every core",
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    _add_run_commands(commands)
+    _add_reading_commands(commands)
+    _add_tool_commands(commands)
     return parser
 
 

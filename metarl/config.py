@@ -1,24 +1,18 @@
-"""Typed, validated experiment configs, loaded from TOML (or the JSON a run saves).
+"""The typed-table machinery every run kind's experiment files are read with.
 
-An experiment file has five tables; every field is documented on its dataclass below:
+Experiment files are TOML (a run saves its resolved config as JSON); each run kind's loader
+(:mod:`metarl.evolve.config`, :mod:`metarl.population.pbt_run`,
+:mod:`metarl.population.method_config`) builds its frozen config dataclasses from their
+tables with :func:`build_table`, which checks every field against its type annotation and
+lets the dataclass check its values. Unknown fields, wrong types and bad values (NaN and
+infinite numbers included) raise :class:`ConfigError` (a ``ValueError``) naming the dotted
+path of the field, e.g. ``es.population_size``.
 
-.. code-block:: toml
-
-    name = "value_distance_cartpole"
-    [objective]              # ObjectiveConfig: which learned loss to evolve
-    name = "value_distance"
-    [inner]                  # the inner loop: algorithm = "ppo" (default) and the fields of
-    env_id = "CartPole-v1"   # its config class, e.g. PPOConfig (use [[inner]] several
-                             # times for fitness over several environments)
-    [es]                     # ESConfig: the evolution strategy
-    [fitness]                # FitnessConfig: how training runs become a fitness
-    [run]                    # RunConfig: seeds, chunking, checkpoints, output
-
-Unknown fields, wrong types and bad values (NaN and infinite numbers included) raise
-:class:`ConfigError` (a ``ValueError``) naming the dotted path of the field, e.g.
-``es.population_size``. Building a config builds no environment and starts no JAX
-computation: checks that need the environment run when the learners are built
-(:class:`metarl.evolution.Evolution`), and name the field too.
+What every kind shares lives here too: the ``[run]`` table (:class:`RunConfig`), the
+``[inner]`` table of an algorithm (:func:`build_inner`, :func:`inner_to_dict`), ``--set``
+overrides (:func:`apply_overrides`), reading files (:func:`read_config_data`) and the
+checks of a kind's tables (:func:`refuse_tables`, :func:`single_inner`). Building a config
+builds no environment and starts no JAX computation.
 """
 
 from __future__ import annotations
@@ -28,7 +22,7 @@ import json
 import tomllib
 import types
 import typing
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,138 +31,18 @@ from inner_loops.registry import DEFAULT_ALGORITHM, algorithm_of, get_algorithm
 from inner_loops.validation import (
     check_choice,
     check_finite,
-    check_in_range,
     check_non_negative_int,
-    check_positive,
     check_positive_int,
 )
 
-STRATEGIES = ("Open_ES", "SNES", "CMA_ES", "Sep_CMA_ES", "PGPE")
-ANTITHETIC_STRATEGIES = ("Open_ES", "PGPE")
-FITNESS_SHAPINGS = ("centered_rank", "standardize", "raw")
-FITNESS_METRICS = ("final_return", "mean_return")
+TRACKERS = ("tensorboard", "wandb")  # the values of run.trackers (metarl.trackers)
+# Every table any kind's experiment file may have, so that a kind can name the tables it
+# lacks (refuse_tables) instead of calling them unknown fields.
+KIND_TABLES = ("objective", "es", "fitness", "pbt", "cem_rl", "dvd")
 
 
 class ConfigError(ValueError):
     """A config field is unknown, of the wrong type or out of range."""
-
-
-@dataclass(frozen=True)
-class ObjectiveConfig:
-    """The learned objective whose meta-parameters are evolved.
-
-    Attributes:
-        name: a registered objective (``metarl.objectives.available_objectives()``), e.g.
-            ``value_distance``, ``lpo``, ``ta_lpo``.
-        options: keyword arguments of that objective's factory, e.g. ``hidden_sizes``.
-    """
-
-    name: str = "value_distance"
-    options: dict[str, Any] = field(default_factory=dict)
-
-    def __post_init__(self):
-        _check_finite_numbers("objective.options", self.options)
-
-    def build(self):
-        """The :class:`~inner_loops.objective.Objective` this config names."""
-        from metarl.objectives import make_objective
-
-        try:
-            return make_objective(self.name, **self.options)
-        except ValueError as error:
-            raise ConfigError(f"objective: {error}") from error
-
-
-@dataclass(frozen=True)
-class ESConfig:
-    """The outer evolution strategy (evosax).
-
-    Attributes:
-        strategy: one of ``Open_ES`` (default), ``SNES``, ``CMA_ES``, ``Sep_CMA_ES``, ``PGPE``.
-        population_size: candidates per generation; even for ``Open_ES``/``PGPE``
-            (antithetic pairs).
-        generations: generations to run.
-        sigma: initial standard deviation of the search distribution (evosax's default of
-            1.0 is far too large for neural meta-parameters).
-        sigma_decay: multiplicative decay of ``sigma`` per generation (``Open_ES``).
-        sigma_min: floor of the decayed ``sigma`` (``Open_ES``).
-        learning_rate: Adam step size on the distribution mean (``Open_ES``, ``PGPE``,
-            ``SNES``).
-        learning_rate_decay: multiplicative decay of the learning rate per generation.
-        antithetic: mirrored sampling (``Open_ES`` only; ``PGPE`` always mirrors).
-        fitness_shaping: ``centered_rank`` (default), ``standardize`` or ``raw``; used by
-            ``Open_ES`` and ``PGPE`` (the others rank by construction).
-    """
-
-    strategy: str = "Open_ES"
-    population_size: int = 16
-    generations: int = 10
-    sigma: float = 0.03
-    sigma_decay: float = 0.999
-    sigma_min: float = 1e-3
-    learning_rate: float = 0.03
-    learning_rate_decay: float = 0.999
-    antithetic: bool = True
-    fitness_shaping: str = "centered_rank"
-
-    def __post_init__(self):
-        check_choice("es.strategy", self.strategy, STRATEGIES, ConfigError)
-        check_choice("es.fitness_shaping", self.fitness_shaping, FITNESS_SHAPINGS, ConfigError)
-        check_positive_int("es.population_size", self.population_size, ConfigError)
-        check_positive_int("es.generations", self.generations, ConfigError)
-        if self.strategy in ANTITHETIC_STRATEGIES and self.population_size % 2:
-            raise ConfigError(
-                f"es.population_size: {self.strategy} samples antithetic pairs, so the "
-                f"population must be even; got {self.population_size}"
-            )
-        if self.population_size < 2:
-            raise ConfigError("es.population_size: needs at least 2 candidates to rank")
-        for name in ("sigma", "learning_rate", "sigma_min"):
-            check_positive(f"es.{name}", getattr(self, name), ConfigError)
-        for name in ("sigma_decay", "learning_rate_decay"):
-            check_in_range(f"es.{name}", getattr(self, name), 0.0, 1.0, low_open=True,
-                           error=ConfigError)
-
-
-@dataclass(frozen=True)
-class FitnessConfig:
-    """How the training runs of a candidate become one fitness number (higher is better).
-
-    Attributes:
-        metric: ``mean_return`` (mean episode return over the whole run: area under the
-            learning curve) or ``final_return`` (mean over the last ``final_fraction`` of
-            updates).
-        final_fraction: share of the last updates averaged by ``final_return``.
-        seeds_per_candidate: agents trained from scratch per candidate and environment;
-            fitness averages over them.
-        common_seeds: all candidates of a generation use the same seeds (common random
-            numbers: less noise when ranking).
-        normalize_by_baseline: divide each environment's return by the absolute return of
-            standard PPO on it, so that no environment dominates a multi-environment
-            fitness. Baselines are measured once at the start unless given.
-        baseline_returns: known PPO returns per ``[[inner]]`` entry (skips measuring them).
-        baseline_seeds: seeds used to measure the baselines.
-    """
-
-    metric: str = "mean_return"
-    final_fraction: float = 0.1
-    seeds_per_candidate: int = 2
-    common_seeds: bool = True
-    normalize_by_baseline: bool = False
-    baseline_returns: tuple[float, ...] = ()
-    baseline_seeds: int = 4
-
-    def __post_init__(self):
-        check_choice("fitness.metric", self.metric, FITNESS_METRICS, ConfigError)
-        check_positive_int("fitness.seeds_per_candidate", self.seeds_per_candidate, ConfigError)
-        check_positive_int("fitness.baseline_seeds", self.baseline_seeds, ConfigError)
-        check_in_range("fitness.final_fraction", self.final_fraction, 0.0, 1.0, low_open=True,
-                       error=ConfigError)
-        object.__setattr__(self, "baseline_returns", tuple(
-            check_finite(f"fitness.baseline_returns[{i}]", b, ConfigError)
-            for i, b in enumerate(self.baseline_returns)))
-        if any(b == 0 for b in self.baseline_returns):
-            raise ConfigError("fitness.baseline_returns: a baseline of 0 cannot normalise")
 
 
 @dataclass(frozen=True)
@@ -219,8 +93,6 @@ class RunConfig:
             raise ConfigError(f"run.{error}") from None
         check_positive_int("run.checkpoint_every", self.checkpoint_every, ConfigError)
         check_positive_int("run.keep_checkpoints", self.keep_checkpoints, ConfigError)
-        from metarl.trackers import TRACKERS
-
         for index, name in enumerate(self.trackers):
             check_choice(f"run.trackers[{index}]", name, TRACKERS, ConfigError)
         if len(set(self.trackers)) != len(self.trackers):
@@ -234,88 +106,35 @@ def default_inner_config() -> Any:
     return get_algorithm(DEFAULT_ALGORITHM).config_class()
 
 
-@dataclass(frozen=True)
-class ExperimentConfig:
-    """A whole meta-evolution experiment.
-
-    Attributes:
-        name: used for the run directory.
-        description: free text.
-        objective: see :class:`ObjectiveConfig`.
-        inner: one algorithm config (a registered config class, e.g.
-            :class:`~inner_loops.ppo.PPOConfig`) per environment of the fitness.
-        es: see :class:`ESConfig`.
-        fitness: see :class:`FitnessConfig`.
-        run: see :class:`RunConfig`.
-    """
-
-    name: str = "experiment"
-    description: str = ""
-    objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
-    inner: tuple[Any, ...] = field(default_factory=lambda: (default_inner_config(),))
-    es: ESConfig = field(default_factory=ESConfig)
-    fitness: FitnessConfig = field(default_factory=FitnessConfig)
-    run: RunConfig = field(default_factory=RunConfig)
-
-    def __post_init__(self):
-        if not isinstance(self.inner, list | tuple):
-            object.__setattr__(self, "inner", (self.inner,))
-        object.__setattr__(self, "inner", tuple(self.inner))
-        if not self.inner:
-            raise ConfigError("inner: at least one environment is needed")
-        for entry in self.inner:
-            try:
-                algorithm_of(entry)
-            except ValueError as error:
-                raise ConfigError(f"inner: {error}") from None
-        env_ids = [cfg.env_id for cfg in self.inner]
-        if len(set(env_ids)) != len(env_ids):
-            raise ConfigError(f"inner: environments repeat: {env_ids}")
-        baselines = self.fitness.baseline_returns
-        if baselines and len(baselines) != len(self.inner):
-            raise ConfigError(
-                f"fitness.baseline_returns: {len(baselines)} values for "
-                f"{len(self.inner)} [[inner]] environments"
-            )
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain-JSON form that :func:`config_from_dict` reads back to an equal config."""
-        data = dataclasses.asdict(self)
-        data["inner"] = [inner_to_dict(cfg) for cfg in self.inner]
-        return _plain(data)
-
-    def replace(self, **changes) -> ExperimentConfig:
-        return dataclasses.replace(self, **changes)
-
-
 def inner_to_dict(inner: Any) -> dict[str, Any]:
-    """An algorithm config as the ``[inner]`` table that :func:`_build_inner` reads back."""
-    return _plain({"algorithm": algorithm_of(inner).name, **dataclasses.asdict(inner),
-                   "env_params": dict(inner.env_params)})
+    """An algorithm config as the ``[inner]`` table that :func:`build_inner` reads back."""
+    return plain({"algorithm": algorithm_of(inner).name, **dataclasses.asdict(inner),
+                  "env_params": dict(inner.env_params)})
 
 
-def _check_finite_numbers(path: str, value: Any) -> None:
+def check_finite_numbers(path: str, value: Any) -> None:
     """Every float inside ``value`` (nested tables and lists) is finite, or a
     :class:`ConfigError` names where it is not."""
     if isinstance(value, dict):
         for key, item in value.items():
-            _check_finite_numbers(f"{path}.{key}", item)
+            check_finite_numbers(f"{path}.{key}", item)
     elif isinstance(value, list | tuple):
         for index, item in enumerate(value):
-            _check_finite_numbers(f"{path}[{index}]", item)
+            check_finite_numbers(f"{path}[{index}]", item)
     elif isinstance(value, float):
         check_finite(path, value, ConfigError)
 
 
-def _plain(value):
+def plain(value):
+    """``value`` with every tuple a list, recursively: what JSON and TOML write."""
     if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
+        return {k: plain(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [_plain(v) for v in value]
+        return [plain(v) for v in value]
     return value
 
 
-def _coerce(path: str, value, annotation):
+def coerce(path: str, value, annotation):
     """Check ``value`` against a field's type, converting lists to tuples and ints to floats."""
     origin = typing.get_origin(annotation)
     if annotation is Any or origin is types.UnionType:
@@ -332,7 +151,7 @@ def _coerce(path: str, value, annotation):
             item_types = (item_types[0],) * len(value)
         elif len(value) != len(item_types):
             raise ConfigError(f"{path}: expected {len(item_types)} items, got {value!r}")
-        return tuple(_coerce(f"{path}[{i}]", v, t)
+        return tuple(coerce(f"{path}[{i}]", v, t)
                      for i, (v, t) in enumerate(zip(value, item_types, strict=True)))
     if origin is dict:
         if not isinstance(value, dict):
@@ -357,7 +176,10 @@ def _coerce(path: str, value, annotation):
     return value
 
 
-def _build(cls, data: dict, path: str):
+def build_table(cls, data: dict, path: str):
+    """The dataclass ``cls`` from the table ``data`` at the dotted ``path`` (``""`` for
+    the top level): unknown fields, values of the wrong type and the dataclass's own
+    ``ValueError`` become a :class:`ConfigError` naming the field's path."""
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a table, got {data!r}")
     hints = typing.get_type_hints(cls)
@@ -371,7 +193,7 @@ def _build(cls, data: dict, path: str):
     kwargs = {}
     for name, value in data.items():
         field_path = f"{path}.{name}" if path else name
-        kwargs[name] = _coerce(field_path, value, hints[name])
+        kwargs[name] = coerce(field_path, value, hints[name])
     try:
         return cls(**kwargs)
     except ConfigError:
@@ -380,32 +202,31 @@ def _build(cls, data: dict, path: str):
         raise ConfigError(f"{path}.{error}" if path else str(error)) from error
 
 
-def config_from_dict(data: dict[str, Any]) -> ExperimentConfig:
-    """Build and validate an :class:`ExperimentConfig` from plain data."""
-    data = dict(data)
-    kind = data.pop("kind", "evolve")  # other kinds: metarl.kinds
-    if kind != "evolve":
-        raise ConfigError(f"kind: this is a {kind!r} experiment, not an evolution one; start "
-                          "it with `metarl run FILE` (metarl.kinds.start from Python)")
-    sections = {"objective": ObjectiveConfig, "es": ESConfig, "fitness": FitnessConfig,
-                "run": RunConfig}
-    kwargs: dict[str, Any] = {}
-    for name, cls in sections.items():
-        if name in data:
-            kwargs[name] = _build(cls, data.pop(name), name)
-    if "inner" in data:
-        inner = data.pop("inner")
-        entries = [inner] if isinstance(inner, dict) else inner
-        if not isinstance(entries, list):
-            raise ConfigError(f"inner: expected a table or a list of tables, got {inner!r}")
-        kwargs["inner"] = tuple(
-            _build_inner(entry, f"inner[{i}]" if len(entries) > 1 else "inner")
-            for i, entry in enumerate(entries)
-        )
-    return _build(ExperimentConfig, {**data, **kwargs}, "")
+def single_inner(data: Any, kind: str, algorithm: str | None = None) -> Any:
+    """The one ``[inner]`` table of a kind that trains one algorithm on one environment
+    (a list of exactly one ``[[inner]]`` table is accepted), built by :func:`build_inner`;
+    ``algorithm`` is the default algorithm of the table."""
+    if isinstance(data, list):
+        if len(data) != 1:
+            raise ConfigError(f"inner: a {kind} experiment trains one algorithm on one "
+                              f"environment; got {len(data)} [[inner]] tables")
+        data = data[0]
+    if not isinstance(data, dict):
+        raise ConfigError(f"inner: expected a table, got {data!r}")
+    return build_inner({"algorithm": algorithm, **data} if algorithm else data, "inner")
 
 
-def _build_inner(entry: Any, path: str):
+def refuse_tables(data: dict[str, Any], kind: str, own: tuple[str, ...]) -> None:
+    """A :class:`ConfigError` for a table of another kind in ``kind``'s experiment data
+    (``own``: the tables ``kind`` has besides ``[run]``)."""
+    for name in KIND_TABLES:
+        if name in data and name not in own:
+            tables = ", ".join(f"[{table}]" for table in (*own, "run"))
+            raise ConfigError(f"{name}: a {kind} experiment has no [{name}] table (it has "
+                              f"{tables})")
+
+
+def build_inner(entry: Any, path: str):
     """One ``[inner]`` table: ``algorithm`` (default ``"ppo"``) picks the config class."""
     if not isinstance(entry, dict):
         raise ConfigError(f"{path}: expected a table, got {entry!r}")
@@ -415,7 +236,7 @@ def _build_inner(entry: Any, path: str):
         algorithm = get_algorithm(name)
     except ValueError as error:
         raise ConfigError(f"{path}.{error}") from None
-    return _build(algorithm.config_class, entry, path)
+    return build_table(algorithm.config_class, entry, path)
 
 
 def upgrade_saved_config(data: dict[str, Any]) -> dict[str, Any]:
@@ -479,8 +300,3 @@ def read_config_data(path: str | Path) -> dict[str, Any]:
         return tomllib.loads(text)
     except (tomllib.TOMLDecodeError, json.JSONDecodeError) as error:
         raise ConfigError(f"{path}: not valid {path.suffix[1:].upper()}: {error}") from error
-
-
-def load_config(path: str | Path, overrides: list[str] | None = None) -> ExperimentConfig:
-    """Load, override (``--set`` style) and validate an experiment config."""
-    return config_from_dict(apply_overrides(read_config_data(path), overrides or []))

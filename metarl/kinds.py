@@ -1,18 +1,24 @@
-"""Run kinds by name: which config an experiment file builds, and which code starts,
-continues, plots and evaluates a run directory of it.
+"""Run kinds by name, and the one Python entry point for each action on a run of any kind.
 
 An experiment file says its kind with a top-level ``kind = "..."``; files without one are
-evolution experiments (``"evolve"``), as every file was before kinds existed. A run
-directory's kind is the ``kind`` of its ``config.json`` (evolution runs write none).
+evolution experiments (``"evolve"``). A run directory's kind is the ``kind`` of its
+``config.json`` (evolution runs write none).
 
-- ``evolve``: :mod:`metarl.run` (meta-evolution of a learned objective);
+- ``evolve``: :mod:`metarl.evolve` (meta-evolution of a learned objective);
 - ``pbt``: :mod:`metarl.population.pbt_run` (population-based training);
 - ``cem_rl``: :mod:`metarl.population.cem_rl_run` (the cross-entropy method over TD3
   actors sharing a critic);
 - ``dvd``: :mod:`metarl.population.dvd_run` (TD3 actors trained to be diverse).
 
 Each kind describes itself with a :class:`~metarl.runs.engine.RunKind` (its module's
-``RUN_KIND``), and all run on :mod:`metarl.runs.engine`.
+``RUN_KIND``), and all run on :mod:`metarl.runs.engine`. From Python::
+
+    from metarl.kinds import evaluate, load_experiment, plot, resume, start
+
+    result = start(load_experiment("experiments/value_distance_cartpole.toml"))
+    resume(result.run_dir, generations=20)      # evolution runs may extend their budget
+    report = evaluate(result.run_dir, seeds=8)  # options as the kind's evaluate takes them
+    plot(result.run_dir)
 
 Importing this module starts no JAX computation.
 """
@@ -20,15 +26,18 @@ Importing this module starts no JAX computation.
 from __future__ import annotations
 
 import importlib
+import inspect
 from pathlib import Path
 from typing import Any
 
 from metarl.config import ConfigError, apply_overrides, read_config_data
+from metarl.runs.engine import load_run as engine_load_run
+from metarl.runs.engine import resume_run, start_run
 from metarl.runs.layout import CONFIG_FILE, RunError, read_json
 
 EVOLVE, PBT, CEM_RL, DVD = "evolve", "pbt", "cem_rl", "dvd"
 KIND_MODULES = {
-    EVOLVE: "metarl.run",
+    EVOLVE: "metarl.evolve.kind",
     PBT: "metarl.population.pbt_run",
     CEM_RL: "metarl.population.cem_rl_run",
     DVD: "metarl.population.dvd_run",
@@ -77,24 +86,58 @@ def run_kind(run_dir: str | Path) -> str:
         raise RunError(f"{run_dir / CONFIG_FILE}: {error}") from None
 
 
-def start(config, run_dir: str | Path | None = None):
-    """Start a run of ``config`` (any kind) in ``run_dir`` (a fresh directory by default)."""
-    from metarl.runs.engine import start_run
-
-    return start_run(kind_spec(config_kind(config)), config, run_dir)
+def start(config, run_dir: str | Path | None = None, mesh=None):
+    """Start a run of ``config`` (any kind's, e.g. from :func:`load_experiment`) in
+    ``run_dir`` (default: a fresh ``<run.output_dir>/<name>-<time>``) and train it to its
+    budget (:func:`metarl.runs.engine.start_run`); ``mesh`` overrides the devices a
+    sharded run uses. Returns the kind's :class:`~metarl.runs.engine.SteppedRun`."""
+    return start_run(kind_spec(config_kind(config)), config, run_dir, mesh)
 
 
 def resume(run_dir: str | Path, generations: int | None = None,
-           accept_config_change: bool = False, trackers: tuple[str, ...] | None = None):
+           accept_config_change: bool = False, trackers: tuple[str, ...] | None = None,
+           mesh=None):
     """Continue the run in ``run_dir``, whatever its kind (:func:`metarl.runs.engine.
     resume_run`): ``generations`` extends an evolution run's budget (other kinds refuse
     it), ``trackers`` (``--track``) replaces ``run.trackers`` from here on."""
-    from metarl.runs.engine import resume_run
-
     return resume_run(kind_spec(run_kind(run_dir)), run_dir, generations,
-                      accept_config_change, trackers)
+                      accept_config_change, trackers, mesh)
+
+
+def load_run(run_dir: str | Path):
+    """Read the run in ``run_dir`` back (its newest usable checkpoint, config and history)
+    without running or changing anything."""
+    return engine_load_run(kind_spec(run_kind(run_dir)), run_dir)
+
+
+def read_config(run_dir: str | Path):
+    """The validated config of the run in ``run_dir``, whatever its kind."""
+    return kind_spec(run_kind(run_dir)).read_config(run_dir)
+
+
+def evaluate(run_dir: str | Path, **options) -> dict[str, Any]:
+    """Evaluate the run in ``run_dir`` by its kind's rules and save the record under
+    ``evaluations/`` (an identical evaluation made before is reused unless
+    ``rerun=True``). Every kind takes ``eval_seed`` and ``rerun``; an evolution run also
+    takes the options of :func:`metarl.evolve.evaluate.evaluate_run` (``seeds``,
+    ``baselines``, ``which``, ...). An option the kind does not take is a
+    :class:`~metarl.config.ConfigError` naming it."""
+    spec = kind_spec(run_kind(run_dir))
+    accepted = [name for name in inspect.signature(spec.evaluate).parameters
+                if name != "run_dir"]
+    unknown = sorted(set(options) - set(accepted))
+    if unknown:
+        raise ConfigError(f"{', '.join(unknown)}: not an evaluation option of a {spec.name} "
+                          f"run; it takes {', '.join(accepted)}")
+    return spec.evaluate(run_dir, **options)
+
+
+def format_evaluation(run_dir: str | Path, report: dict[str, Any]) -> str:
+    """An evaluation ``report`` of the run in ``run_dir`` as its kind's table."""
+    return kind_spec(run_kind(run_dir)).format_evaluation(report)
 
 
 def plot(run_dir: str | Path) -> list[Path]:
-    """Write the figures of the run in ``run_dir`` and return their paths."""
+    """Write the figures of the run in ``run_dir`` to its ``plots/`` and return their
+    paths."""
     return kind_spec(run_kind(run_dir)).plot(run_dir)

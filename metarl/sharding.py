@@ -54,10 +54,10 @@ POPULATION_AXIS = "population"
 def use_cpu_cores(count: int | None = None) -> int:
     """Make JAX's CPU backend expose ``count`` devices (default: one per usable core).
 
-    ``import metarl`` calls it with no count, so a program or notebook that imports metarl
-    before computing anything with JAX uses every core. Call it yourself, before JAX's
-    first computation, to choose another count (JAX raises ``RuntimeError`` once it has
-    started). A count the user already chose is kept: ``JAX_NUM_CPU_DEVICES``, XLA's
+    Importing metarl changes nothing; the ``metarl`` command calls this before it runs
+    (``--cpu-devices``), and a script or notebook calls it (as ``metarl.use_cpu_cores()``)
+    before JAX's first computation to shard its populations over every core (JAX raises
+    ``RuntimeError`` once it has started). A count the user already chose is kept: ``JAX_NUM_CPU_DEVICES``, XLA's
     ``--xla_force_host_platform_device_count``, or, when ``count`` is not given,
     ``jax.config.update("jax_num_cpu_devices", n)``. Accelerator backends are not
     affected. Returns the number of CPU devices JAX will expose.
@@ -153,7 +153,7 @@ def put_replicated(tree: Any, mesh: Mesh) -> Any:
     Works across processes: each process supplies its own (identical) host value for the
     devices it owns, so no process needs to address another's devices. A jitted function
     fed replicated arrays returns replicated arrays (see
-    :meth:`metarl.evolution.Evolution.generation`), so its cache keeps one entry.
+    :meth:`metarl.evolve.generation.Evolution.generation`), so its cache keeps one entry.
     """
     sharding = replicated(mesh)
 

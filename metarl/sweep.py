@@ -25,10 +25,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from inner_loops.population import stack_hyperparams
-from metarl.config import ConfigError, ExperimentConfig
-from metarl.evaluate import bootstrap_ci
-from metarl.evolution import build_learner
-from metarl.fitness import run_is_valid, run_return
+from metarl.config import ConfigError
+from metarl.evolve.config import ExperimentConfig
+from metarl.evolve.fitness import run_is_valid, run_return
+from metarl.evolve.generation import build_learner
+from metarl.stats import bootstrap_ci
 
 SWEEP_FILE = "sweep.json"
 FIELD_PREFIX = "inner."
@@ -203,7 +204,7 @@ def save_sweep(report: dict[str, Any], out_dir: str | Path, plots: bool = True) 
     _write_atomically(written[0], json.dumps(report, indent=1))
     _write_atomically(written[1], format_sweep(report) + "\n")
     if plots:
-        from metarl.plots import plot_sweep_curves, plot_sweep_heatmap
+        from metarl.figures.records import plot_sweep_curves, plot_sweep_heatmap
 
         fig = plot_sweep_curves(report)
         fig.savefig(out / "learning_curves.png", dpi=110)

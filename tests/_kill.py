@@ -15,7 +15,7 @@ KILL_WORKER = Path(__file__).parent / "_kill_worker.py"
 
 
 def kill_inside_save(step: int, args: list[str], timeout: float = 300) -> None:
-    """Start ``metarl ARGS`` in a subprocess (``args[0] == "run"``, or evolve's arguments),
+    """Start ``metarl run ARGS`` in a subprocess (``ARGS`` with or without ``run`` first),
     wait until it is inside the save of checkpoint ``step``, and SIGKILL it."""
     env = {**os.environ, "JAX_NUM_CPU_DEVICES": str(jax.device_count()),
            "PYTHONUNBUFFERED": "1"}

@@ -1,7 +1,6 @@
-"""Subprocess for the crash tests: run `metarl evolve`, optionally freezing inside a save.
+"""Subprocess for the crash tests: run `metarl run`, optionally freezing inside a save.
 
-Usage: ``python _kill_worker.py PAUSE_AT_GENERATION metarl-evolve-args...``, or
-``python _kill_worker.py PAUSE_AT_STEP run metarl-run-args...`` for ``metarl run``.
+Usage: ``python _kill_worker.py PAUSE_AT_STEP [run] metarl-run-args...``.
 
 With ``PAUSE_AT_GENERATION > 0`` the orbax save of that generation stops after its files are
 written into orbax's temporary directory and before the checkpoint is committed, prints
@@ -22,7 +21,7 @@ original_finalize = ocp.StandardCheckpointHandler.finalize
 
 def finalize_then_freeze(self, directory):
     original_finalize(self, directory)
-    tmp_dir = directory.parent.name  # "<generation>.orbax-checkpoint-tmp-<n>"
+    tmp_dir = directory.parent.name  # "<step>.orbax-checkpoint-tmp-<n>"
     if "orbax-checkpoint-tmp" in tmp_dir and int(tmp_dir.split(".")[0]) == pause_at:
         print("PAUSED_IN_SAVE", flush=True)
         time.sleep(600)
@@ -32,4 +31,4 @@ if pause_at > 0:
     ocp.StandardCheckpointHandler.finalize = finalize_then_freeze
 
 args = sys.argv[2:]
-sys.exit(main(args if args[:1] == ["run"] else ["evolve", *args]))
+sys.exit(main(args if args[:1] == ["run"] else ["run", *args]))

@@ -27,8 +27,9 @@ from inner_loops.dqn import DQNConfig
 from inner_loops.population import broadcast_to_population, stack_hyperparams
 from inner_loops.ppo import PPOConfig, make_train
 from metarl import sharding
-from metarl.config import ESConfig, ExperimentConfig, FitnessConfig, RunConfig
-from metarl.evolution import Evolution
+from metarl.config import RunConfig
+from metarl.evolve.config import ESConfig, ExperimentConfig, FitnessConfig
+from metarl.evolve.generation import Evolution
 
 TINY = PPOConfig(num_envs=2, num_steps=8, total_timesteps=64, hidden_sizes=(8,),
                  update_epochs=1, num_minibatches=1)

@@ -12,16 +12,17 @@ import jax
 import pytest
 
 from metarl import cli
-from metarl.compare import (
+from metarl.evolve.compare import (
     compare_runs,
     flatten,
     format_comparison,
     plot_comparison,
     verdicts,
 )
-from metarl.config import config_from_dict
-from metarl.run import CONFIG_FILE, MEAN_FILE, METRICS_FILE, RunError, save_meta_params
+from metarl.evolve.config import config_from_dict
 from metarl.runs.evaluations import save_record
+from metarl.runs.layout import CONFIG_FILE, METRICS_FILE, RunError
+from metarl.runs.meta_params import MEAN_FILE, save_meta_params
 
 
 def write_run(path, sigma, seed, objective="value_distance", fitness=(1.0, 2.0, 3.0)):

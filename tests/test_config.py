@@ -6,14 +6,10 @@ from pathlib import Path
 import pytest
 
 from inner_loops.ppo import PPOConfig
-from metarl.config import (
-    ConfigError,
-    ExperimentConfig,
-    apply_overrides,
-    config_from_dict,
-    load_config,
-)
-from metarl.evolution import build_learner
+from metarl.config import ConfigError, apply_overrides
+from metarl.evolve.config import ExperimentConfig, config_from_dict
+from metarl.evolve.generation import build_learner
+from metarl.kinds import load_experiment
 
 EXPERIMENTS = sorted((Path(__file__).parents[1] / "experiments").glob("*.toml"))
 
@@ -89,7 +85,7 @@ def test_env_params_table_round_trips_through_the_saved_json(tmp_path):
     path = tmp_path / "short_episodes.toml"
     path.write_text('[inner]\nenv_id = "CartPole-v1"\n'
                     'env_params = { max_steps_in_episode = 200, gravity = 12 }\n')
-    config = load_config(path, ["inner.env_params.tau=0.01"])
+    config = load_experiment(path, ["inner.env_params.tau=0.01"])
     assert config.inner[0].env_params == (
         ("gravity", 12), ("max_steps_in_episode", 200), ("tau", 0.01))
     saved = json.loads(json.dumps(config.to_dict()))
@@ -107,8 +103,8 @@ def test_single_inner_table_becomes_a_tuple_and_defaults_are_pure_jax_rl():
 
 def test_missing_file_is_a_clear_error(tmp_path):
     with pytest.raises(ConfigError, match="config file not found"):
-        load_config(tmp_path / "nope.toml")
+        load_experiment(tmp_path / "nope.toml")
     bad = tmp_path / "bad.toml"
     bad.write_text("name = [unclosed")
     with pytest.raises(ConfigError, match="not valid TOML"):
-        load_config(bad)
+        load_experiment(bad)

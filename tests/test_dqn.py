@@ -40,7 +40,8 @@ from inner_loops.dqn import DQNConfig, epsilon_at, make_q_network
 from inner_loops.objective import LossTerm, Objective, huber, ppo_clip
 from inner_loops.population import agent_state_bytes, check_population_memory
 from inner_loops.probe_envs import PROBES, exact_q
-from metarl.config import ConfigError, config_from_dict
+from metarl.config import ConfigError
+from metarl.evolve.config import config_from_dict
 from metarl.objectives import register_objective
 
 FAST_COMPILE = {"xla_backend_optimization_level": 0}
@@ -353,7 +354,7 @@ def test_an_objective_with_a_policy_term_does_not_fit_dqn():
 def test_experiment_table_builds_dqn_and_evolves_a_value_loss(tmp_path):
     """``[inner] algorithm = "dqn"`` with a value-only learned objective: one generation of
     evolution trains DQN agents and scores every candidate."""
-    from metarl.run import evolve
+    from metarl.kinds import start
 
     inner = {"algorithm": "dqn", "num_envs": 2, "train_frequency": 2, "gradient_steps": 1,
              "total_timesteps": 64, "buffer_size": 32, "batch_size": 8, "learning_starts": 16,
@@ -366,7 +367,7 @@ def test_experiment_table_builds_dqn_and_evolves_a_value_loss(tmp_path):
         "run": {"progress": False},
     })
     assert isinstance(config.inner[0], DQNConfig) and config.inner[0].batch_size == 8
-    result = evolve(config, tmp_path / "run")
+    result = start(config, tmp_path / "run")
     line = result.history[0]
     assert np.isfinite(line["mean_fitness"]), line
     with pytest.raises(ConfigError, match=r"inner.batch_size: 64 is larger than the replay"):
@@ -378,12 +379,12 @@ def test_the_dqn_value_distance_experiment_loads_and_validates():
     """``experiments/value_distance_dqn_cartpole.toml``: the learned value distance in DQN's
     ``"value"`` slot on CartPole, CPU-sized, compared with the L2 and Huber baselines. Its
     learner builds (environment, objective and algorithm fit) without compiling."""
-    from metarl.config import load_config
-    from metarl.evaluate import default_baselines
-    from metarl.evolution import build_learner
+    from metarl.evolve.evaluate import default_baselines
+    from metarl.evolve.generation import build_learner
+    from metarl.kinds import load_experiment
 
     path = Path(__file__).parents[1] / "experiments" / "value_distance_dqn_cartpole.toml"
-    config = load_config(path)
+    config = load_experiment(path)
     assert config.name == path.stem
     assert config_from_dict(config.to_dict()) == config
     [inner] = config.inner
@@ -463,7 +464,7 @@ BAD_TABLES = [
 def test_bad_experiment_tables_for_dqn_name_the_field(changes, message):
     """From an experiment file, loading checks the config's own values and building the
     learner (before any training) what needs the environment or the objective."""
-    from metarl.evolution import build_learner
+    from metarl.evolve.generation import build_learner
 
     data = {"objective": {"name": "value_distance"}, **changes,
             "inner": {"algorithm": "dqn", **changes.get("inner", {})}}

@@ -13,9 +13,10 @@ import numpy as np
 import pytest
 
 from inner_loops.objective import LossTerm, Objective, clipped_l2, ppo_clip
-from metarl.config import ConfigError, FitnessConfig, config_from_dict
-from metarl.evolution import Evolution
-from metarl.fitness import combine_fitness, run_return
+from metarl.config import ConfigError
+from metarl.evolve.config import FitnessConfig, config_from_dict
+from metarl.evolve.fitness import combine_fitness, run_return
+from metarl.evolve.generation import Evolution
 from metarl.objectives import register_objective
 
 UPDATES = 5
@@ -187,7 +188,7 @@ def test_real_training_that_turns_nan_is_invalid_not_fatal():
 
 
 def test_fitness_is_normalised_by_measured_ppo_baselines(tmp_path):
-    from metarl.run import evolve
+    from metarl.kinds import start
 
     config = config_from_dict({
         "objective": {"name": "value_distance", "options": {"hidden_sizes": [4]}},
@@ -199,7 +200,7 @@ def test_fitness_is_normalised_by_measured_ppo_baselines(tmp_path):
                     "baseline_seeds": 2},
         "run": {"progress": False},
     })
-    result = evolve(config, tmp_path / "run")
+    result = start(config, tmp_path / "run")
     baseline = float(result.state.baselines[0])
     assert baseline > 5.0  # CartPole episodes last at least ~9 steps under any policy
     line = result.history[0]

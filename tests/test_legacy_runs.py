@@ -16,7 +16,8 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from metarl.run import MEAN_FILE, load_meta_params, read_run_config, resume
+from metarl.kinds import read_config, resume
+from metarl.runs.meta_params import MEAN_FILE, load_meta_params
 
 DATA = Path(__file__).parent / "data"
 
@@ -27,7 +28,7 @@ def test_a_run_of_metarl_0_1_resumes_and_continues_exactly(tmp_path):
     saved = json.loads((run_dir / "config.json").read_text())
     assert "algorithm" not in saved["inner"][0] and saved["run"]["chunk_size"] == 0
 
-    config = read_run_config(run_dir)
+    config = read_config(run_dir)
     assert config.run.chunk_size == "auto"
     assert type(config.inner[0]).__name__ == "PPOConfig"
 

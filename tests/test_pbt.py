@@ -266,14 +266,22 @@ def test_ppo_segments_copy_members_that_continue_as_their_sources():
 
 
 def test_plot_pbt_draws_returns_schedules_exploits_and_the_winning_lineage():
-    from metarl.plots import plot_pbt
+    from metarl.figures.population import plot_pbt
 
     learner = stand_in_learner()
     config = PBTConfig(population_size=8, segment_updates=6, exploit_fraction=0.25,
                        priors={"learning_rate": Prior(1e-6, 1.0, log=True)})
     result = train_pbt(learner, config, jax.random.PRNGKey(1), chunk_size=8)
-    fig = plot_pbt(result.history, steps_per_update=8)
+    best = int(np.nanargmax(result.history[-1]["fitness"]))
+    chain = lineage(result.history, best)
+    fig = plot_pbt(result.history, chain, steps_per_update=8)
     returns_ax, lr_ax = [ax for ax in fig.axes if ax.get_ylabel()]
+    # the bold line is the lineage's returns: each segment's from the member it ran in
+    expected = np.concatenate([np.asarray(record["returns"][m], np.float64)
+                               for record, m in zip(result.history, chain, strict=True)])
+    np.testing.assert_allclose(returns_ax.lines[-1].get_ydata(), expected)
+    with pytest.raises(ValueError, match="lineage"):
+        plot_pbt(result.history, chain[1:])
     assert returns_ax.get_ylabel() == "episode return" and lr_ax.get_ylabel() == "learning_rate"
     assert lr_ax.get_yscale() == "log"  # the prior spans six decades
     # one line per member plus the bold lineage, in both panels

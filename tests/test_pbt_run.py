@@ -18,18 +18,11 @@ import pytest
 from _kill import kill_inside_save
 
 from metarl.cli import main
-from metarl.config import ConfigError, load_config
-from metarl.kinds import load_experiment, run_kind
+from metarl.config import ConfigError, read_config_data
+from metarl.evolve.config import config_from_dict
+from metarl.kinds import load_experiment, load_run, resume, run_kind, start
 from metarl.population.pbt import train_pbt
-from metarl.population.pbt_run import (
-    PBTExperimentConfig,
-    evaluate_pbt_run,
-    load_pbt_config,
-    load_pbt_run,
-    pbt_config_from_dict,
-    resume_pbt,
-    run_pbt,
-)
+from metarl.population.pbt_run import PBTExperimentConfig, evaluate_pbt_run, pbt_config_from_dict
 from metarl.runs.config_history import ConfigChangedError
 from metarl.runs.layout import read_metrics
 from metarl.runs.listing import run_info
@@ -72,7 +65,7 @@ def tiny_file(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def reference(tiny_file, tmp_path_factory):
     """An uninterrupted run of SEGMENTS segments."""
-    return run_pbt(load_pbt_config(tiny_file), tmp_path_factory.mktemp("runs") / "reference")
+    return start(load_experiment(tiny_file), tmp_path_factory.mktemp("runs") / "reference")
 
 
 def tree_equal(a, b) -> None:
@@ -130,8 +123,8 @@ def test_evolution_files_stay_evolution_and_refuse_to_read_a_pbt_file(tiny_file)
     evolve_file = Path(__file__).parents[1] / "experiments" / "lpo_cartpole_tiny.toml"
     assert type(load_experiment(evolve_file)).__name__ == "ExperimentConfig"
     assert type(load_experiment(evolve_file, ["kind='evolve'"])).__name__ == "ExperimentConfig"
-    with pytest.raises(ConfigError, match=r"kind: this is a 'pbt' experiment.*metarl run"):
-        load_config(tiny_file)
+    with pytest.raises(ConfigError, match=r"kind: expected 'evolve' here, got 'pbt'"):
+        config_from_dict(read_config_data(tiny_file))
 
 
 # --------------------------------------------------------------------------------------
@@ -156,13 +149,13 @@ def test_a_pbt_run_writes_its_directory_and_equals_train_pbt(reference, tiny_fil
     info = run_info(run_dir)
     assert (info.state, info.generation, info.budget) == ("finished", SEGMENTS, SEGMENTS)
     # the same population as the library's train_pbt from the run's seed
-    config = load_pbt_config(tiny_file)
+    config = load_experiment(tiny_file)
     direct = train_pbt(reference.program.learner, config.pbt, jax.random.PRNGKey(0),
                        chunk_size=config.run.chunk_size)
     assert [r["hypers"] for r in direct.history] == [line["hypers"] for line in lines]
     tree_equal(direct.states, reference.states)
     # a run reads back from its checkpoint as it ended
-    loaded = load_pbt_run(run_dir)
+    loaded = load_run(run_dir)
     tree_equal(loaded.state, reference.state)
     assert int(loaded.state["segment"]) == SEGMENTS
 
@@ -198,7 +191,7 @@ def test_a_run_killed_inside_a_save_resumes_into_the_uninterrupted_run(
     assert main(["resume", str(run_dir), "--no-plots"]) == 0
     assert "skipping incomplete checkpoint" in capsys.readouterr().err
     same_lines(run_dir, reference.run_dir)
-    tree_equal(load_pbt_run(run_dir).state, reference.state)
+    tree_equal(load_run(run_dir).state, reference.state)
     assert list((run_dir / "damaged-checkpoints").iterdir())  # moved aside, not deleted
 
 
@@ -206,7 +199,7 @@ def test_resume_after_the_end_changes_nothing_and_cannot_extend(reference, tmp_p
     run_dir = tmp_path / "done"
     shutil.copytree(reference.run_dir, run_dir)
     before = (run_dir / "metrics.jsonl").read_text()
-    result = resume_pbt(run_dir)
+    result = resume(run_dir)
     assert "has finished its 4 segments; nothing to continue" in capsys.readouterr().err
     assert (run_dir / "metrics.jsonl").read_text() == before
     tree_equal(result.state, reference.state)
@@ -222,15 +215,14 @@ def test_resume_refuses_a_changed_config_unless_accepted(reference, tmp_path):
     saved["pbt"]["perturb_factors"] = [0.5, 2.0]
     (run_dir / "config.json").write_text(json.dumps(saved))
     with pytest.raises(ConfigChangedError, match=r"pbt\.perturb_factors"):
-        resume_pbt(run_dir)
+        resume(run_dir)
 
 
 # --------------------------------------------------------------------------------------
 # the command line
 
 
-def test_metarl_run_starts_a_pbt_file_and_evolve_refuses_it(tiny_file, reference, tmp_path,
-                                                           capsys):
+def test_metarl_run_starts_a_pbt_file(tiny_file, reference, tmp_path, capsys):
     run_dir = tmp_path / "cli"
     assert main(["run", str(tiny_file), "--run-dir", str(run_dir)]) == 0
     out = capsys.readouterr().out
@@ -239,8 +231,6 @@ def test_metarl_run_starts_a_pbt_file_and_evolve_refuses_it(tiny_file, reference
     assert run_kind(run_dir) == "pbt"
     assert main(["run", str(tiny_file), "--run-dir", str(run_dir)]) == 2
     assert "already holds a run" in capsys.readouterr().err
-    assert main(["evolve", str(tiny_file), "--run-dir", str(tmp_path / "no")]) == 2
-    assert "start it with `metarl run FILE`" in capsys.readouterr().err
     assert main(["runs", str(tmp_path)]) == 0
     assert "finished  4/4" in capsys.readouterr().out
 
@@ -276,7 +266,7 @@ progress = false
 def test_an_off_policy_population_compiles_its_segment_once_and_evaluates_greedily(tmp_path):
     path = tmp_path / "sac_tiny.toml"
     path.write_text(SAC_TINY)
-    result = run_pbt(load_pbt_config(path), tmp_path / "sac")
+    result = start(load_experiment(path), tmp_path / "sac")
     assert len(result.history) == 4
     # the initial population is placed and typed as every segment returns it
     assert result.program.segment._cache_size() == 1
@@ -294,8 +284,8 @@ def test_a_longer_budget_continues_only_as_an_accepted_and_recorded_change(refer
     saved["inner"]["total_timesteps"] = 768  # 24 updates: 6 segments instead of 4
     (run_dir / "config.json").write_text(json.dumps(saved))
     with pytest.raises(ConfigChangedError, match=r"inner\.total_timesteps 512 -> 768"):
-        resume_pbt(run_dir)
-    result = resume_pbt(run_dir, accept_config_change=True)
+        resume(run_dir)
+    result = resume(run_dir, accept_config_change=True)
     assert [line["segment"] for line in result.history] == list(range(1, 7))
     events = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()
               if "event" in json.loads(line)]
@@ -310,7 +300,7 @@ def test_a_run_that_never_reached_a_checkpoint_starts_again_from_the_beginning(
     run_dir = tmp_path / "never_saved"
     run_dir.mkdir()
     shutil.copy(reference.run_dir / "config.json", run_dir / "config.json")
-    result = resume_pbt(run_dir)
+    result = resume(run_dir)
     assert "no complete checkpoint" in capsys.readouterr().err
     same_lines(run_dir, reference.run_dir)
     tree_equal(result.state, reference.state)
@@ -333,10 +323,10 @@ def test_every_segment_reaches_the_run_configs_trackers(tiny_file, tmp_path, mon
 
     monkeypatch.setattr(metarl.trackers, "open_trackers",
                         lambda names, run_dir, name, config: [Recorder() for _ in names])
-    config = load_pbt_config(tiny_file)
+    config = load_experiment(tiny_file)
     # run.trackers (the field the run config gains for evolution runs), set by hand here
     object.__setattr__(config.run, "trackers", ("tensorboard",))
-    run_pbt(config, tmp_path / "tracked")
+    start(config, tmp_path / "tracked")
     assert [step for step, _ in logged] == list(range(1, SEGMENTS + 1)) and closed == [True]
     assert {"best_return", "median_return", "hypers/learning_rate/mean"} <= set(logged[0][1])
     assert figures == [(SEGMENTS, "plots/pbt", "pbt.png")]  # the run's figure, at the end

@@ -1,4 +1,5 @@
-"""Figures of learned objectives and of runs (metarl.plots).
+"""Figures of learned objectives and of runs (metarl.figures, the objectives' plot hooks and
+metarl.evolve.report).
 
 The plot functions are checked on hand-made meta-parameters; ``plot_run`` on one tiny real run
 (made once per module, through the CLI in a subprocess that shares the notebooks' persistent
@@ -22,10 +23,13 @@ from _subprocess_env import jax_cache_env
 from matplotlib.figure import Figure
 
 from inner_loops.objective import ppo_clip_surrogate
-from metarl import plots
-from metarl.config import load_config
+from metarl import figures
+from metarl.evolve.report import plot_run
+from metarl.kinds import load_experiment
 from metarl.objectives import dpo, lpo, make_objective, ta_lpo
-from metarl.run import RunError, save_meta_params
+from metarl.objectives.value_distance import plot_learned_distance
+from metarl.runs.layout import RunError
+from metarl.runs.meta_params import save_meta_params
 
 REPO = Path(__file__).resolve().parents[1]
 VALUE_DISTANCE_TOML = REPO / "experiments" / "value_distance_cartpole.toml"
@@ -101,7 +105,7 @@ def ta_lpo_params(key):
 
 
 def test_plot_value_distance(value_params):
-    fig = plots.plot_value_distance(value_params["value"], x_range=(-3, 3), num_points=61)
+    fig = plot_learned_distance(value_params["value"], x_range=(-3, 3), num_points=61)
     assert_labelled(fig)
     ax_d, ax_grad, ax_change = content_axes(fig)
     for ax in (ax_d, ax_grad, ax_change):
@@ -128,7 +132,7 @@ def test_plot_value_distance(value_params):
 ])
 def test_plot_value_distance_at_init_is_l2(key, form, label, neutral):
     params = make_objective("value_distance", hidden_sizes=(8, 8), form=form).init(key)
-    fig = plots.plot_value_distance(params, form=form)  # whole meta-params are accepted too
+    fig = plot_learned_distance(params, form=form)  # whole meta-params are accepted too
     ax_d, _, ax_change = content_axes(fig)
     assert form in fig.get_suptitle()
     change = line(ax_change, label).get_ydata()
@@ -139,8 +143,8 @@ def test_plot_value_distance_at_init_is_l2(key, form, label, neutral):
 
 def test_plot_value_distance_overlays_labelled_candidates(value_params, key):
     init = make_objective("value_distance", hidden_sizes=(8, 8)).init(key)
-    fig = plots.plot_value_distance({"mean": init["value"], "best": value_params["value"]},
-                                    num_points=41)
+    fig = plot_learned_distance({"mean": init["value"], "best": value_params["value"]},
+                                num_points=41)
     texts = legend_texts(content_axes(fig)[0])
     assert texts[:2] == ["mean", "best"]
 
@@ -173,7 +177,7 @@ def test_drift_fns_equal_their_objectives_drift(lpo_params, ta_lpo_params):
 
 def test_plot_drift_lpo(lpo_params):
     drift_fn = lpo.drift_fn(lpo_params["policy"])
-    fig = plots.plot_drift(drift_fn, num_points=41)
+    fig = figures.plot_drift(drift_fn, num_points=41, references=lpo.reference_drifts())
     assert_labelled(fig)
     heatmap, plus, minus = content_axes(fig)
     assert len(colorbars(fig)) == 1 and colorbars(fig)[0].get_ylabel()
@@ -196,28 +200,34 @@ def test_plot_drift_lpo(lpo_params):
 
 def test_plot_drift_ta_lpo_at_a_progress(ta_lpo_params):
     drift_fn = ta_lpo.drift_fn(ta_lpo_params["policy"])
-    early = plots.plot_drift(drift_fn, progress=0.0, num_points=31, log_ratio=False)
-    late = plots.plot_drift(drift_fn, progress=1.0, num_points=31, log_ratio=False)
+    early = figures.plot_drift(drift_fn, progress=0.0, num_points=31, log_ratio=False)
+    late = figures.plot_drift(drift_fn, progress=1.0, num_points=31, log_ratio=False)
     assert "progress 1" in late.get_suptitle()
     grid_early = np.asarray(content_axes(early)[0].collections[0].get_array())
     grid_late = np.asarray(content_axes(late)[0].collections[0].get_array())
     assert not np.allclose(grid_early, grid_late)
 
 
-def test_plot_drift_dpo_alone():
-    fig = plots.plot_drift(dpo.drift, num_points=31, slice_advantages=(1.0,))
+def test_plot_drift_draws_the_references_it_is_given():
+    ppo_only = {label: fn for label, fn in lpo.reference_drifts().items()
+                if label.startswith("PPO")}
+    fig = figures.plot_drift(dpo.drift_fn(), num_points=31, slice_advantages=(1.0,),
+                             references=ppo_only)
     assert_labelled(fig)
     heatmap, plus = content_axes(fig)
-    assert heatmap.get_title().startswith("DPO")
+    assert heatmap.get_title().startswith("DPO")  # the drift's own label
     texts = legend_texts(plus)
-    assert sum(t.startswith("DPO") for t in texts) == 1  # not compared with itself
+    assert sum(t.startswith("DPO") for t in texts) == 1
     assert any(t.startswith("PPO clip") for t in texts)
+    without = figures.plot_drift(dpo.drift_fn(), num_points=21, slice_advantages=(1.0,))
+    assert legend_texts(content_axes(without)[1]) == [dpo.drift_fn().label]
 
 
 def test_plot_temporal_drift(ta_lpo_params):
     drift_fn = ta_lpo.drift_fn(ta_lpo_params["policy"])
     progresses = (0.0, 0.5, 1.0)
-    fig = plots.plot_temporal_drift(drift_fn, progresses, num_points=31)
+    fig = figures.plot_temporal_drift(drift_fn, progresses, num_points=31,
+                                      reference=lpo.ppo_drift_fn())
     assert_labelled(fig)
     axes = content_axes(fig)
     maps, slices = axes[:3], axes[3:]
@@ -228,12 +238,14 @@ def test_plot_temporal_drift(ta_lpo_params):
     for ax in slices:
         texts = legend_texts(ax)
         assert [t for t in texts if t.startswith("p = ")] == ["p = 0", "p = 0.5", "p = 1"]
+        assert any(t.startswith("PPO clip") for t in texts)
         assert ax.get_ylabel()
 
 
 def test_plot_drift_comparison_puts_every_drift_on_one_colour_scale(lpo_params):
     evolved = lpo.drift_fn(lpo_params["policy"])
-    fig = plots.plot_drift_comparison({"evolved": evolved}, num_points=31)
+    fig = figures.plot_drift_comparison({"evolved": evolved}, num_points=31,
+                                        references=lpo.reference_drifts())
     assert_labelled(fig)
     maps = content_axes(fig)
     assert [ax.get_title() for ax in maps][0] == "evolved"
@@ -242,14 +254,14 @@ def test_plot_drift_comparison_puts_every_drift_on_one_colour_scale(lpo_params):
     assert len({(m.collections[0].norm.vmin, m.collections[0].norm.vmax) for m in maps}) == 1
     # the PPO panel holds PPO's clipping drift: largest at r = 2, A = 2, (2 - 1.2) * 2
     assert np.asarray(maps[1].collections[0].get_array()).max() == pytest.approx(1.6, rel=1e-4)
-    alone = plots.plot_drift_comparison({"evolved": evolved}, references=(), num_points=21)
+    alone = figures.plot_drift_comparison({"evolved": evolved}, num_points=21)
     assert len(content_axes(alone)) == 1
 
 
 def test_plot_drift_comparison_evaluates_a_temporal_drift_at_the_progress(ta_lpo_params):
     drift_fn = ta_lpo.drift_fn(ta_lpo_params["policy"])
-    grids = [np.asarray(content_axes(plots.plot_drift_comparison(
-        {"ta": drift_fn}, references=(), progress=p, num_points=21))[0]
+    grids = [np.asarray(content_axes(figures.plot_drift_comparison(
+        {"ta": drift_fn}, progress=p, num_points=21))[0]
         .collections[0].get_array()) for p in (0.0, 1.0)]
     assert not np.allclose(*grids)
 
@@ -257,7 +269,7 @@ def test_plot_drift_comparison_evaluates_a_temporal_drift_at_the_progress(ta_lpo
 def test_plot_drift_slices_overlays_every_drift(lpo_params, key):
     other = jax.tree.map(lambda x: 1.5 * x, lpo_params["policy"])
     drifts = {"run 0": lpo.drift_fn(lpo_params["policy"]), "run 1": lpo.drift_fn(other)}
-    fig = plots.plot_drift_slices(drifts, num_points=41)
+    fig = figures.plot_drift_slices(drifts, num_points=41, references=lpo.reference_drifts())
     assert_labelled(fig)
     plus, minus = content_axes(fig)
     for ax in (plus, minus):
@@ -265,12 +277,12 @@ def test_plot_drift_slices_overlays_every_drift(lpo_params, key):
         assert texts[:2] == ["run 0", "run 1"]
         assert any(t.startswith("PPO clip") for t in texts)
     with pytest.raises(ValueError, match="no drift"):
-        plots.plot_drift_slices({})
+        figures.plot_drift_slices({})
 
 
 def test_plot_temporal_drift_needs_progress():
     with pytest.raises(ValueError, match="progress"):
-        plots.plot_temporal_drift(dpo.drift)
+        figures.plot_temporal_drift(dpo.drift)
 
 
 # --------------------------------------------------------------------------------------
@@ -286,7 +298,7 @@ def test_plot_fitness_from_metrics_lines():
         {"generation": 3, "fitness": [18.0, 19.0, 21.0, 22.0], "valid": [True] * 4,
          "best_fitness_so_far": 22.0},
     ]
-    fig = plots.plot_fitness(history)
+    fig = figures.plot_fitness(history)
     assert_labelled(fig)
     (ax,) = content_axes(fig)
     assert ax.get_ylabel().startswith("fitness")
@@ -300,7 +312,7 @@ def test_plot_fitness_from_metrics_lines():
 
 def test_plot_fitness_rejects_empty_history():
     with pytest.raises(ValueError, match="empty"):
-        plots.plot_fitness([])
+        figures.plot_fitness([])
 
 
 def synthetic_report(env_ids=("CartPole-v1", "Acrobot-v1"), seeds=3, updates=6):
@@ -319,8 +331,8 @@ def synthetic_report(env_ids=("CartPole-v1", "Acrobot-v1"), seeds=3, updates=6):
 
 def test_plot_learning_curves_per_environment():
     report = synthetic_report()
-    fig = plots.plot_learning_curves(report, steps_per_update={"CartPole-v1": 512,
-                                                               "Acrobot-v1": 256})
+    fig = figures.plot_learning_curves(report, steps_per_update={"CartPole-v1": 512,
+                                                                 "Acrobot-v1": 256})
     assert_labelled(fig)
     axes = content_axes(fig)
     assert [ax.get_title() for ax in axes] == ["CartPole-v1", "Acrobot-v1"]
@@ -339,10 +351,8 @@ def test_plot_learning_curves_per_environment():
     np.testing.assert_allclose(axes[0].lines[0].get_ydata(), expected)
 
 
-def test_plot_learning_curves_in_updates_without_steps(tmp_path):
-    path = tmp_path / "evaluation.json"
-    path.write_text(json.dumps(synthetic_report(env_ids=("CartPole-v1",))))
-    fig = plots.plot_learning_curves(path)
+def test_plot_learning_curves_in_updates_without_steps():
+    fig = figures.plot_learning_curves(synthetic_report(env_ids=("CartPole-v1",)))
     (ax,) = content_axes(fig)
     assert ax.get_xlabel() == "update"
 
@@ -353,9 +363,9 @@ def test_plot_learning_curves_in_updates_without_steps(tmp_path):
 
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory) -> Path:
-    """One tiny value-distance run made with ``metarl evolve`` (which also calls plot_run)."""
+    """One tiny value-distance run made with ``metarl run`` (which also calls plot_run)."""
     run_dir = tmp_path_factory.mktemp("plots") / "run"
-    command = [sys.executable, "-m", "metarl.cli", "evolve", str(VALUE_DISTANCE_TOML),
+    command = [sys.executable, "-m", "metarl.cli", "run", str(VALUE_DISTANCE_TOML),
                "--run-dir", str(run_dir)]
     for override in TINY_OVERRIDES:
         command += ["--set", override]
@@ -368,7 +378,7 @@ def tiny_run(tmp_path_factory) -> Path:
 
 
 def test_plot_run_on_a_real_run(tiny_run):
-    paths = plots.plot_run(tiny_run)
+    paths = plot_run(tiny_run)
     assert [p.name for p in paths] == ["fitness.png", "value_distance.png"]
     assert all(p.parent == tiny_run / "plots" and is_png(p) for p in paths)
 
@@ -378,7 +388,7 @@ def test_plot_run_adds_learning_curves_with_an_evaluation(tiny_run, tmp_path):
     shutil.copytree(tiny_run, run_dir)
     report = synthetic_report(env_ids=("CartPole-v1",), updates=4)
     (run_dir / "evaluation.json").write_text(json.dumps(report))
-    paths = plots.plot_run(run_dir)
+    paths = plot_run(run_dir)
     assert [p.name for p in paths] == ["fitness.png", "value_distance.png",
                                        "learning_curves.png"]
     assert all(is_png(p) for p in paths)
@@ -394,7 +404,7 @@ def test_cli_plot_command(tiny_run, capsys):
 
 def fake_run(run_dir: Path, objective: str) -> Path:
     """A run directory written by hand (no training): config, metrics and meta-parameters."""
-    config = load_config(LPO_TOML, [f"objective.name={objective!r}",
+    config = load_experiment(LPO_TOML, [f"objective.name={objective!r}",
                                     "objective.options={ hidden_sizes = [8] }"])
     run_dir.mkdir(parents=True)
     (run_dir / "config.json").write_text(json.dumps(config.to_dict()))
@@ -416,26 +426,26 @@ def fake_run(run_dir: Path, objective: str) -> Path:
 ])
 def test_plot_run_drift_objectives(tmp_path, objective, expected):
     run_dir = fake_run(tmp_path / objective, objective)
-    paths = plots.plot_run(run_dir)
+    paths = plot_run(run_dir)
     assert [p.name for p in paths] == expected
     assert all(is_png(p) for p in paths)
 
 
 def test_plot_run_missing_directory(tmp_path):
     with pytest.raises(RunError, match="not found"):
-        plots.plot_run(tmp_path / "nowhere")
+        plot_run(tmp_path / "nowhere")
 
 
 def test_plot_run_not_a_run(tmp_path):
     with pytest.raises(RunError, match="not a metarl run"):
-        plots.plot_run(tmp_path)
+        plot_run(tmp_path)
 
 
 def test_plot_run_without_metrics(tmp_path):
     run_dir = fake_run(tmp_path / "run", "lpo")
     (run_dir / "metrics.jsonl").unlink()
     with pytest.raises(RunError, match="metrics"):
-        plots.plot_run(run_dir)
+        plot_run(run_dir)
 
 
 def test_plot_run_with_foreign_meta_params(tmp_path):
@@ -443,4 +453,4 @@ def test_plot_run_with_foreign_meta_params(tmp_path):
     other = make_objective("value_distance", hidden_sizes=(4,)).init(jax.random.PRNGKey(0))
     save_meta_params(run_dir / "mean_meta_params.msgpack", other)
     with pytest.raises(RunError, match="meta-parameters"):
-        plots.plot_run(run_dir)
+        plot_run(run_dir)

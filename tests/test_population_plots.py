@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from metarl.population.plots import plot_cem_rl, plot_dvd
+from metarl.figures.population import plot_cem_rl, plot_dvd
 
 
 def cem_rl_history(generations: int = 5, size: int = 6) -> list[dict]:

@@ -271,5 +271,3 @@ def test_metarl_run_starts_a_file_of_the_kind(files, references, tmp_path, capsy
     assert f"run directory: {run_dir}" in out and "environment steps" in out
     assert run_kind(run_dir) == kind
     same_lines(run_dir, references[kind].run_dir)
-    assert main(["evolve", str(files[kind])]) == 2
-    assert f"this is a '{kind}' experiment" in capsys.readouterr().err

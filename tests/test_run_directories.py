@@ -31,9 +31,10 @@ from _tiny_evolution import GENERATIONS, KILL_WORKER, TINY
 from inner_loops.objective import LossTerm, Objective, clipped_l2
 from metarl import distributed
 from metarl.cli import main
-from metarl.config import ConfigError, config_from_dict, load_config
+from metarl.config import ConfigError
+from metarl.evolve.config import config_from_dict
+from metarl.kinds import load_experiment, resume, start
 from metarl.objectives import register_objective
-from metarl.run import MEAN_FILE, evolve, load_meta_params, read_metrics, resume
 from metarl.runs import lock as lock_module
 from metarl.runs.checkpoint import RunCheckpointer, retained_steps
 from metarl.runs.config_history import ConfigChangedError, read_config_history
@@ -44,10 +45,12 @@ from metarl.runs.layout import (
     RunError,
     RunStopped,
     atomic_write,
+    read_metrics,
     read_metrics_and_events,
 )
 from metarl.runs.listing import list_runs
 from metarl.runs.lock import RunLockedError, acquire, hold_run_lock, lock_holder
+from metarl.runs.meta_params import MEAN_FILE, load_meta_params
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +64,7 @@ def tiny_config_file(tmp_path_factory):
 def reference_run(tiny_config_file, tmp_path_factory):
     """An uninterrupted run of GENERATIONS generations."""
     run_dir = tmp_path_factory.mktemp("runs") / "reference"
-    evolve(load_config(tiny_config_file), run_dir)
+    start(load_experiment(tiny_config_file), run_dir)
     return run_dir
 
 
@@ -70,7 +73,7 @@ def two_generations(tiny_config_file, tmp_path_factory):
     """The same experiment run for 2 generations (checkpoints 1 and 2): tests copy it and
     continue the copy to GENERATIONS, which must give the reference run exactly."""
     run_dir = tmp_path_factory.mktemp("runs") / "two"
-    evolve(load_config(tiny_config_file, ["es.generations=2"]), run_dir)
+    start(load_experiment(tiny_config_file, ["es.generations=2"]), run_dir)
     return run_dir
 
 
@@ -155,13 +158,13 @@ def test_evolve_into_a_run_that_never_reached_a_checkpoint(
     (run_dir / "metrics.jsonl").write_text(json.dumps({"generation": 1}) + "\n")
     # another config: refused, with the two ways out
     with pytest.raises(RunError, match=r"another config .* es\.sigma.*metarl resume"):
-        evolve(load_config(tiny_config_file, ["es.sigma=0.1"]), run_dir)
+        start(load_experiment(tiny_config_file, ["es.sigma=0.1"]), run_dir)
     # the same config: nothing was lost, so it starts again there
-    evolve(load_config(tiny_config_file), run_dir)
+    start(load_experiment(tiny_config_file), run_dir)
     assert "starting it from the beginning" in capsys.readouterr().err
     assert_same_run(run_dir, reference_run)
     with pytest.raises(RunError, match="already holds a run"):
-        evolve(load_config(tiny_config_file), run_dir)
+        start(load_experiment(tiny_config_file), run_dir)
 
 
 # --------------------------------------------------------------------------------------
@@ -214,7 +217,7 @@ def test_load_run_skips_a_damaged_checkpoint_without_moving_it(two_generations, 
 
 
 def load_run_quietly(run_dir):
-    from metarl.run import load_run
+    from metarl.kinds import load_run
 
     return load_run(run_dir)
 
@@ -330,7 +333,7 @@ def test_a_multi_process_run_locks_resumes_and_refuses_as_one(tmp_path):
     config_file = tmp_path / "distributed.toml"
     config_file.write_text(DISTRIBUTED)
     run_dir = tmp_path / "run"
-    done = _run_group(["evolve", str(config_file), "--run-dir", str(run_dir), "--no-plots"],
+    done = _run_group(["run", str(config_file), "--run-dir", str(run_dir), "--no-plots"],
                       tmp_path, "evolve")
     assert [code for code, _ in done] == [0, 0], done
     assert [line["devices"] for line in read_metrics(run_dir)] == [4, 4]
@@ -387,7 +390,8 @@ def _numeric_fields(cls) -> list[tuple[str, object]]:
 
 def test_every_numeric_config_field_rejects_nan_and_infinity_by_name():
     from inner_loops.registry import available_algorithms, get_algorithm
-    from metarl.config import ESConfig, FitnessConfig, RunConfig
+    from metarl.config import RunConfig
+    from metarl.evolve.config import ESConfig, FitnessConfig
 
     cases = []
     for section, cls in (("es", ESConfig), ("fitness", FitnessConfig), ("run", RunConfig)):
@@ -423,7 +427,7 @@ def test_every_numeric_config_field_rejects_nan_and_infinity_by_name():
 def test_the_command_line_refuses_non_finite_settings(tiny_config_file, tmp_path, capsys):
     for setting in ("inner.learning_rate=inf", "es.sigma=nan", "fitness.final_fraction=-inf"):
         run_dir = tmp_path / setting.split("=")[0]
-        assert main(["evolve", str(tiny_config_file), "--set", setting, "--run-dir",
+        assert main(["run", str(tiny_config_file), "--set", setting, "--run-dir",
                      str(run_dir)]) == 2
         err = capsys.readouterr().err
         assert f"{setting.split('=')[0]}: must be a finite number" in err
@@ -467,7 +471,7 @@ def test_a_run_whose_candidates_are_all_invalid_stops_with_exit_code_3(tmp_path,
     config_file = tmp_path / "invalid.toml"
     config_file.write_text(INVALID)
     run_dir = tmp_path / "invalid"
-    assert main(["evolve", str(config_file), "--run-dir", str(run_dir), "--no-plots"]) == 3
+    assert main(["run", str(config_file), "--run-dir", str(run_dir), "--no-plots"]) == 3
     err = capsys.readouterr().err
     assert "stopped after generation 2" in err and "run.max_invalid_generations = 2" in err
     assert "Traceback" not in err
@@ -608,8 +612,8 @@ def test_a_full_disk_is_a_clear_error_and_the_previous_checkpoint_restores(
 @pytest.mark.timeout(400)
 def test_evaluations_accumulate_and_an_identical_one_is_reused(reference_run, tmp_path,
                                                                 capsys):
-    from metarl.compare import compare_runs
-    from metarl.plots import plot_run
+    from metarl.evolve.compare import compare_runs
+    from metarl.evolve.report import plot_run
 
     run_dir = copy_run(reference_run, tmp_path / "evaluated")
     shutil.rmtree(run_dir / "evaluations", ignore_errors=True)

@@ -20,17 +20,11 @@ import pytest
 from _subprocess_env import env_without_device_count
 from _tiny_evolution import GENERATIONS, KILL_WORKER, TINY
 
-from metarl.checkpoint import CheckpointError, RunCheckpointer
 from metarl.cli import main
-from metarl.config import load_config
-from metarl.run import (
-    MEAN_FILE,
-    RunError,
-    evolve,
-    load_meta_params,
-    read_metrics,
-    resume,
-)
+from metarl.kinds import load_experiment, resume, start
+from metarl.runs.checkpoint import RunCheckpointer
+from metarl.runs.layout import CheckpointError, RunError, read_metrics
+from metarl.runs.meta_params import MEAN_FILE, load_meta_params
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +38,7 @@ def tiny_config_file(tmp_path_factory):
 def reference_run(tiny_config_file, tmp_path_factory):
     """An uninterrupted run of GENERATIONS generations."""
     run_dir = tmp_path_factory.mktemp("runs") / "reference"
-    evolve(load_config(tiny_config_file), run_dir)
+    start(load_experiment(tiny_config_file), run_dir)
     return run_dir
 
 
@@ -91,9 +85,9 @@ def test_reference_run_writes_a_complete_run_directory(reference_run):
 
 
 def test_two_plus_two_resumed_equals_four_straight(tiny_config_file, reference_run, tmp_path):
-    config = load_config(tiny_config_file, ["es.generations=2"])
+    config = load_experiment(tiny_config_file, ["es.generations=2"])
     run_dir = tmp_path / "split"
-    evolve(config, run_dir)
+    start(config, run_dir)
     assert len(read_metrics(run_dir)) == 2
     result = resume(run_dir, generations=GENERATIONS)
     assert int(result.state.generation) == GENERATIONS
@@ -143,7 +137,7 @@ def test_resuming_on_another_device_count_warns(tiny_config_file, tmp_path):
     """A run started by the CLI on 2 CPU devices and resumed here on this process's one."""
     run_dir = tmp_path / "two_devices"
     env = env_without_device_count()
-    subprocess.run([sys.executable, "-m", "metarl.cli", "--cpu-devices", "2", "evolve",
+    subprocess.run([sys.executable, "-m", "metarl.cli", "--cpu-devices", "2", "run",
                     str(tiny_config_file), "--run-dir", str(run_dir), "--no-plots",
                     "--set", "es.generations=1"],
                    env=env, check=True, capture_output=True, timeout=240)
@@ -208,7 +202,7 @@ def test_resume_with_a_changed_config_stops_and_overwrites_nothing(reference_run
 
 def test_evolve_refuses_to_overwrite_a_run(tiny_config_file, reference_run):
     with pytest.raises(RunError, match="already holds a run"):
-        evolve(load_config(tiny_config_file), reference_run)
+        start(load_experiment(tiny_config_file), reference_run)
 
 
 def _cli(*args, timeout=400):
@@ -220,7 +214,7 @@ def _cli(*args, timeout=400):
 @pytest.mark.timeout(600)
 def test_cli_evolve_resume_and_errors(tiny_config_file, tmp_path):
     run_dir = tmp_path / "cli"
-    done = _cli("evolve", tiny_config_file, "--set", "es.generations=2", "--set",
+    done = _cli("run", tiny_config_file, "--set", "es.generations=2", "--set",
                 "run.progress=true", "--run-dir", run_dir, "--no-plots")
     assert done.returncode == 0, done.stderr
     assert "run directory" in done.stdout
@@ -235,7 +229,7 @@ def test_cli_evolve_resume_and_errors(tiny_config_file, tmp_path):
 
 
 def test_cli_errors_name_the_problem_and_exit_2(tiny_config_file, tmp_path, capsys):
-    assert main(["evolve", str(tiny_config_file), "--set", "es.popsize=4"]) == 2
+    assert main(["run", str(tiny_config_file), "--set", "es.popsize=4"]) == 2
     assert "es.popsize: unknown field" in capsys.readouterr().err
     assert main(["resume", str(tmp_path / "nowhere")]) == 2
     assert "run directory not found" in capsys.readouterr().err
@@ -257,7 +251,7 @@ def test_evaluate_compares_the_evolved_objective_with_baselines(reference_run, c
 
 
 def test_bootstrap_interval_brackets_the_mean_and_narrows_with_more_data():
-    from metarl.evaluate import bootstrap_ci
+    from metarl.stats import bootstrap_ci
 
     rng = np.random.default_rng(0)
     small = rng.normal(100.0, 10.0, size=8)

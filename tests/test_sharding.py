@@ -28,8 +28,9 @@ from _subprocess_env import env_without_device_count, start_worker, stop_workers
 from inner_loops.population import CPU_CHUNK_SIZE
 from inner_loops.ppo import PPOConfig
 from metarl import sharding
-from metarl.config import ConfigError, ExperimentConfig, RunConfig, config_from_dict
-from metarl.evolution import Evolution
+from metarl.config import ConfigError, RunConfig
+from metarl.evolve.config import ExperimentConfig, config_from_dict
+from metarl.evolve.generation import Evolution
 
 WORKER = Path(__file__).with_name("_sharding_worker.py")
 DEVICES = 4

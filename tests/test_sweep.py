@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 
 from metarl import cli
-from metarl.config import ConfigError, config_from_dict
-from metarl.evolution import build_learner
+from metarl.config import ConfigError
+from metarl.evolve.config import config_from_dict
+from metarl.evolve.generation import build_learner
 from metarl.sweep import GridAxis, check_grid, parse_grid, run_sweep, sweep_population
 
 TINY = {

@@ -48,7 +48,9 @@ from inner_loops.objective import Objective, ppo_clip
 from inner_loops.probe_envs import best_action, exact_q
 from inner_loops.sac import SACConfig
 from inner_loops.td3 import TD3Config
-from metarl.config import ConfigError, config_from_dict, load_config
+from metarl.config import ConfigError
+from metarl.evolve.config import config_from_dict
+from metarl.kinds import load_experiment
 
 FAST_COMPILE = {"xla_backend_optimization_level": 0}
 CONFIGS = {"td3": TD3Config, "sac": SACConfig}
@@ -521,7 +523,7 @@ def test_sharded_population_equals_one_device(sharding_results, algorithm):
 
 
 def test_the_value_distance_experiment_loads():
-    config = load_config(Path(__file__).resolve().parents[1]
+    config = load_experiment(Path(__file__).resolve().parents[1]
                          / "experiments" / "value_distance_td3_pendulum.toml")
     [inner] = config.inner
     assert isinstance(inner, TD3Config) and inner.env_id == "Pendulum-v1"

@@ -91,7 +91,8 @@ def test_unknown_or_missing_trackers_are_named(monkeypatch):
 
 
 def test_run_trackers_are_validated_by_name():
-    from metarl.config import ConfigError, config_from_dict
+    from metarl.config import ConfigError
+    from metarl.evolve.config import config_from_dict
 
     with pytest.raises(ConfigError, match=r"run.trackers\[1\]: got 'mlflow'; allowed: "
                                           "tensorboard, wandb"):
@@ -118,7 +119,7 @@ def test_a_run_and_its_resume_log_every_generation_and_the_figures(tmp_path):
     env = {**os.environ, **jax_cache_env(), "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
     # the tiny setting of tests/test_plots.py and the notebooks: its compilation is shared
     tiny = ["es.population_size=2", "inner.total_timesteps=2048", "run.progress=false"]
-    evolve = [sys.executable, "-m", "metarl.cli", "evolve",
+    evolve = [sys.executable, "-m", "metarl.cli", "run",
               str(repo / "experiments" / "value_distance_cartpole.toml"), "--run-dir",
               str(run_dir), "--set", "es.generations=2", "--track", "tensorboard"]
     for override in tiny:

@@ -4,7 +4,7 @@ fitness curves, and the learned functions of every run in the same figure.
     metarl compare runs/vd-seed0 runs/vd-seed1 runs/vd-seed2
 
 From Python: :func:`compare_runs` (the table's data), :func:`format_comparison` and
-:func:`plot_comparison`.
+:func:`plot_comparison` (drawn by :mod:`metarl.figures.records`).
 """
 
 from __future__ import annotations
@@ -16,12 +16,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import jax
 import numpy as np
 
-from metarl.run import MEAN_FILE, RunError, read_metrics, read_run_config
-from metarl.runs.evaluations import LEGACY_FILE, list_records
-
-EVALUATION_FILE = LEGACY_FILE
+from metarl.evolve.config import config_from_dict
+from metarl.objectives import get_objective
+from metarl.objectives.registry import RunFigureRequest
+from metarl.runs.engine import read_config
+from metarl.runs.evaluations import list_records
+from metarl.runs.layout import RunError, read_metrics
+from metarl.runs.meta_params import MEAN_FILE, read_meta_params
 
 
 @dataclass(frozen=True)
@@ -119,7 +123,7 @@ def verdicts(comparison: Comparison, evolved: str = "evolved") -> list[Verdict]:
 def summarise_run(run_dir: str | Path, label: str | None = None) -> RunSummary:
     """Read one run directory (:class:`RunError` naming what is missing)."""
     run_dir = Path(run_dir)
-    config = read_run_config(run_dir)
+    config = read_config(run_dir, config_from_dict)
     history = read_metrics(run_dir)
     if not history:
         raise RunError(f"{run_dir} has no finished generation yet (metrics.jsonl is empty)")
@@ -201,34 +205,15 @@ def _table(rows: list[tuple[str, ...]]) -> str:
 def plot_comparison(comparison: Comparison) -> dict[str, Any]:
     """``{file stem: Figure}``: the mean and best-so-far fitness of every run over
     generations (``fitness``), the held-out evaluations of the runs that have any
-    (``evaluations``, :func:`plot_evaluations`) and, when all runs evolved the same
-    objective, what its registered ``plot`` draws of every run's search mean at once."""
-    from matplotlib.figure import Figure
+    (``evaluations``) and, when all runs evolved the same objective, what its registered
+    ``plot`` draws of every run's search mean at once."""
+    from metarl.figures.records import plot_evaluation_intervals, plot_fitness_overlay
 
-    from metarl.objectives import get_objective
-    from metarl.objectives.registry import RunFigureRequest
-    from metarl.plots import load_candidate_meta_params
-
-    fig = Figure(figsize=(7.5, 4.5), layout="constrained")
-    ax = fig.subplots()
-    for index, run in enumerate(comparison.runs):
-        history = read_metrics(run.run_dir)
-        generations = [line["generation"] for line in history]
-        colour = f"C{index % 10}"
-        ax.plot(generations, [line.get("mean_fitness", np.nan) for line in history],
-                color=colour, lw=1.8, label=f"{run.label}: mean")
-        ax.plot(generations, [line.get("best_fitness_so_far", np.nan) for line in history],
-                color=colour, lw=1.2, ls="--", drawstyle="steps-post",
-                label=f"{run.label}: best so far")
-    ax.set_xlabel("generation")
-    ax.set_ylabel("fitness")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize="x-small", ncol=2 if len(comparison.runs) > 4 else 1)
-    ax.set_title(f"Fitness of {len(comparison.runs)} runs")
-    figures = {"fitness": fig}
-
-    if any(run.evaluations for run in comparison.runs):
-        figures["evaluations"] = plot_evaluations(comparison)
+    figures = {"fitness": plot_fitness_overlay(
+        {run.label: read_metrics(run.run_dir) for run in comparison.runs})}
+    evaluated = {run.label: run.evaluations for run in comparison.runs if run.evaluations}
+    if evaluated:
+        figures["evaluations"] = plot_evaluation_intervals(evaluated)
 
     objectives = {run.objective for run in comparison.runs}
     if len(objectives) != 1:
@@ -236,12 +221,13 @@ def plot_comparison(comparison: Comparison) -> dict[str, Any]:
     plot = get_objective(objectives.pop()).plot
     if plot is None:
         return figures
-    first = read_run_config(comparison.runs[0].run_dir)
+    first = read_config(comparison.runs[0].run_dir, config_from_dict)
     candidates = {}
     for run in comparison.runs:
         if (run.run_dir / MEAN_FILE).is_file():
-            config = read_run_config(run.run_dir)
-            candidates[run.label] = load_candidate_meta_params(run.run_dir / MEAN_FILE, config)
+            config = read_config(run.run_dir, config_from_dict)
+            template = config.objective.build().init(jax.random.PRNGKey(0))
+            candidates[run.label] = read_meta_params(run.run_dir / MEAN_FILE, template)
     request = RunFigureRequest(
         run_name=f"{len(candidates)} runs", candidates=candidates,
         options=dict(first.objective.options), inner=first.inner[0],
@@ -249,47 +235,6 @@ def plot_comparison(comparison: Comparison) -> dict[str, Any]:
     for stem, figure in plot(request).items():
         figures[_safe_stem(stem)] = figure
     return figures
-
-
-def plot_evaluations(comparison: Comparison):
-    """Every run's held-out evaluation in one figure: one panel per environment, one row
-    per run, the evolved objective's and each baseline's mean return with its 95%
-    bootstrap interval (baselines are trained on the same held-out seeds in every run)."""
-    from matplotlib.figure import Figure
-
-    from metarl.plots import BASELINE_COLOURS
-
-    runs = [run for run in comparison.runs if run.evaluations]
-    envs = list(dict.fromkeys(env for run in runs for env, *_ in run.evaluations))
-    objectives = list(dict.fromkeys(obj for run in runs for _, obj, *_ in run.evaluations))
-    objectives.sort(key=lambda name: name != "evolved")
-    fig = Figure(figsize=(4.2 * len(envs) + 1.0, 1.0 + 0.45 * len(runs) * len(objectives)),
-                 layout="constrained")
-    axes = np.atleast_1d(fig.subplots(1, len(envs)))
-    spread = 0.7 / max(len(objectives), 1)
-    for ax, env in zip(axes, envs, strict=True):
-        for k, objective in enumerate(objectives):
-            colour = "C0" if objective == "evolved" else BASELINE_COLOURS.get(
-                objective, f"C{(k + 4) % 10}")
-            ys, means, errors = [], [], [[], []]
-            for i, run in enumerate(runs):
-                for env_id, name, mean, low, high in run.evaluations:
-                    if (env_id, name) == (env, objective):
-                        ys.append(i + (k - (len(objectives) - 1) / 2) * spread)
-                        means.append(mean)
-                        errors[0].append(mean - low)
-                        errors[1].append(high - mean)
-            if ys:
-                ax.errorbar(means, ys, xerr=errors, fmt="o", color=colour, capsize=3,
-                            label=objective)
-        ax.set_yticks(range(len(runs)), [run.label for run in runs])
-        ax.invert_yaxis()
-        ax.set_xlabel("mean return (95% bootstrap CI)")
-        ax.set_title(env)
-        ax.grid(alpha=0.3, axis="x")
-        ax.legend(fontsize="small")
-    fig.suptitle(f"Held-out evaluations of {len(runs)} runs")
-    return fig
 
 
 def _safe_stem(stem: str) -> str:

@@ -14,21 +14,21 @@ from typing import Any
 
 import jax
 import numpy as np
-from scipy import stats
 
 from inner_loops.registry import algorithm_of
-from metarl.config import ConfigError, FitnessConfig
-from metarl.evolution import build_learner
-from metarl.fitness import run_is_valid, run_return
+from metarl.config import ConfigError
+from metarl.evolve.config import FitnessConfig, config_from_dict
+from metarl.evolve.fitness import run_is_valid, run_return
+from metarl.evolve.generation import build_learner
 from metarl.objectives import available_objectives, get_objective, make_objective
-from metarl.run import BEST_FILE, MEAN_FILE, load_meta_params, read_run_config
-from metarl.runs.evaluations import LEGACY_FILE, list_records, saved_evaluation
-from metarl.runs.layout import EVALUATIONS_DIR, RunError, read_metrics
+from metarl.runs.engine import read_config
+from metarl.runs.evaluations import saved_evaluation
+from metarl.runs.layout import RunError, read_metrics
+from metarl.runs.meta_params import CANDIDATE_FILES, load_meta_params
+from metarl.stats import bootstrap_ci
 
-EVALUATION_FILE = LEGACY_FILE  # one file per run before evaluations accumulated
-__all__ = ["EVALUATIONS_DIR", "EVALUATION_FILE", "ObjectiveResult", "bootstrap_ci",
-           "default_baselines", "evaluate_objective", "evaluate_run", "format_table",
-           "list_records"]
+__all__ = ["ObjectiveResult", "default_baselines", "evaluate_objective", "evaluate_run",
+           "format_table"]
 DEFAULT_EVAL_SEED = 10_007
 EVOLVED = "evolved"
 
@@ -56,21 +56,6 @@ class ObjectiveResult:
     invalid: int
     curves: list[list[float]]
     steps_per_update: int | None = None
-
-
-def bootstrap_ci(values: np.ndarray, confidence: float = 0.95, seed: int = 0
-                 ) -> tuple[float, float]:
-    """Percentile bootstrap interval of the mean of ``values [S]``."""
-    values = np.asarray(values, np.float64)
-    if values.size == 0:
-        return float("nan"), float("nan")
-    if values.size == 1 or np.all(values == values[0]):
-        return float(values[0]), float(values[0])
-    result = stats.bootstrap(
-        (values,), np.mean, confidence_level=confidence, n_resamples=5000,
-        method="percentile", random_state=np.random.default_rng(seed),
-    )
-    return float(result.confidence_interval.low), float(result.confidence_interval.high)
 
 
 def evaluate_objective(objective, meta_params, inner, fitness: FitnessConfig,
@@ -126,7 +111,7 @@ def evaluate_run(run_dir: str | Path, env_ids: list[str] | None = None, seeds: i
     (``report["replaced"]``). ``report["path"]`` is the record's file.
 
     Args:
-        run_dir: a run directory written by ``metarl evolve``.
+        run_dir: the directory of an evolution run.
         env_ids: environments (default: the run's own). An environment the run did not
             train on uses the first ``[inner]`` settings with ``env_id`` changed and the
             environment's default parameters (no ``env_params``).
@@ -146,10 +131,10 @@ def evaluate_run(run_dir: str | Path, env_ids: list[str] | None = None, seeds: i
     if seeds < 2:
         raise ConfigError(f"seeds: need at least 2 for a confidence interval, got {seeds}")
     run_dir = Path(run_dir)
-    config = read_run_config(run_dir)
+    config = read_config(run_dir, config_from_dict)
     objective = config.objective.build()
     template = objective.init(jax.random.PRNGKey(0))
-    meta_path = run_dir / (MEAN_FILE if which == "mean" else BEST_FILE)
+    meta_path = run_dir / CANDIDATE_FILES[which]
     meta_params = load_meta_params(meta_path, template)
     if baselines is None:
         baselines = default_baselines(config.objective.name, config.inner[0])

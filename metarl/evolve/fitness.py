@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 
 from inner_loops.population import AUTO, ChunkSize, broadcast_to_population
-from metarl.config import FitnessConfig
+from metarl.evolve.config import FitnessConfig
 from metarl.sharding import train_population
 
 

@@ -23,8 +23,9 @@ from jax.flatten_util import ravel_pytree
 
 from inner_loops.population import check_population_memory
 from inner_loops.registry import make_learner
-from metarl.config import ConfigError, ESConfig, ExperimentConfig
-from metarl.fitness import combine_fitness, evaluate_candidates, run_is_valid, run_return
+from metarl.config import ConfigError
+from metarl.evolve.config import ESConfig, ExperimentConfig
+from metarl.evolve.fitness import combine_fitness, evaluate_candidates, run_is_valid, run_return
 from metarl.sharding import population_mesh, put_replicated, replicate
 
 

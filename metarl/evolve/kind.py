@@ -1,18 +1,13 @@
-"""Run kind "evolve": start, continue and read back meta-evolution runs.
+"""Run kind "evolve": meta-evolution of a learned objective, one jitted generation per step
+of the engine every run kind shares (:mod:`metarl.runs.engine`).
 
 A run directory holds the files of :mod:`metarl.runs.layout` (config, config history,
-metrics, status, lock, checkpoints, evaluations, plots) and, for evolution::
-
-    best_meta_params.msgpack   best candidate so far (flax msgpack)
-    mean_meta_params.msgpack   current centre of the search distribution
-
-Evolution runs on the engine every run kind shares (:mod:`metarl.runs.engine`), one
-generation per step: :func:`evolve` starts a run, :func:`resume` continues one by the rules
-of :mod:`metarl.runs.resume` (from its newest usable checkpoint, or from the beginning when
-it never reached one; ``es.generations`` may grow, since it shapes no schedule),
-:func:`load_run` reads one back for evaluation and plots. Both :func:`evolve` and
-:func:`resume` hold the directory's lock while they write (:mod:`metarl.runs.lock`), and
-stop with :class:`RunStopped` when every candidate has been invalid for
+metrics, status, lock, checkpoints, evaluations, plots) and the meta-parameter files of
+:mod:`metarl.runs.meta_params` (the best candidate and the search distribution's centre),
+written after every generation. Start, continue and read runs back through
+:mod:`metarl.kinds` (``start``, ``resume``, ``load_run``); ``es.generations`` may grow when a
+run continues, since it shapes no schedule. A run stops with
+:class:`~metarl.runs.layout.RunStopped` when every candidate has been invalid for
 ``run.max_invalid_generations`` generations in a row.
 """
 
@@ -25,36 +20,24 @@ from typing import Any
 
 import jax
 import numpy as np
-from flax import serialization
 
-from metarl.config import ExperimentConfig, config_from_dict
-from metarl.evolution import Evolution, EvolutionState
+from metarl.evolve.config import ExperimentConfig, config_from_dict
+from metarl.evolve.evaluate import evaluate_run, format_table
+from metarl.evolve.generation import Evolution, EvolutionState
+from metarl.evolve.report import plot_run
 from metarl.runs import engine
-from metarl.runs.layout import (
-    CONFIG_FILE,
-    METRICS_FILE,
-    CheckpointError,
-    RunError,
-    RunStopped,
-    atomic_write,
-    read_metrics,
-)
+from metarl.runs.meta_params import BEST_FILE, MEAN_FILE, save_meta_params
 from metarl.sharding import num_shards
 
-BEST_FILE = "best_meta_params.msgpack"
-MEAN_FILE = "mean_meta_params.msgpack"
-
-__all__ = [
-    "BEST_FILE", "CONFIG_FILE", "MEAN_FILE", "METRICS_FILE", "CheckpointError", "RunError",
-    "RunResult", "RunStopped", "evolve", "load_meta_params", "load_run", "new_run_dir",
-    "read_metrics", "read_run_config", "resume", "save_meta_params",
-]
+__all__ = ["RUN_KIND", "EvolveProgram", "RunResult", "describe_generation"]
 
 
 @dataclass
 class RunResult(engine.SteppedRun):
-    """What :func:`evolve` / :func:`resume` / :func:`load_run` leave: ``state`` is an
-    :class:`~metarl.evolution.EvolutionState`, ``program`` an :class:`EvolveProgram`."""
+    """What starting, continuing or reading back an evolution run leaves
+    (:mod:`metarl.kinds`): ``state`` is an
+    :class:`~metarl.evolve.generation.EvolutionState`, ``program`` an
+    :class:`EvolveProgram`."""
 
     @property
     def evolution(self) -> Evolution:
@@ -69,36 +52,8 @@ class RunResult(engine.SteppedRun):
         return jax.device_get(self.evolution.mean_meta_params(self.state))
 
 
-def save_meta_params(path: str | Path, meta_params) -> None:
-    """Write meta-parameters (a pytree of arrays) as flax msgpack, atomically."""
-    arrays = jax.tree.map(np.asarray, jax.device_get(meta_params))
-    atomic_write(Path(path), serialization.msgpack_serialize(
-        serialization.to_state_dict(arrays)
-    ))
-
-
-def load_meta_params(path: str | Path, template=None):
-    """Read meta-parameters written by :func:`save_meta_params`.
-
-    With a ``template`` (e.g. ``objective.init(key)``) the result has its exact structure;
-    without one, lists come back as dicts keyed ``"0"``, ``"1"``, ...
-    """
-    path = Path(path)
-    if not path.is_file():
-        raise RunError(f"no meta-parameters file at {path}")
-    raw = serialization.msgpack_restore(path.read_bytes())
-    if template is None:
-        return raw
-    return serialization.from_state_dict(template, raw)
-
-
-def new_run_dir(config: ExperimentConfig) -> Path:
-    """A fresh directory ``<output_dir>/<name>-<timestamp>`` (suffixed if it exists)."""
-    return engine.new_run_dir(config)
-
-
 class EvolveProgram:
-    """An :class:`~metarl.evolution.Evolution` as the program
+    """An :class:`~metarl.evolve.generation.Evolution` as the program
     :mod:`~metarl.runs.engine` runs, one jitted generation per step."""
 
     def __init__(self, config: ExperimentConfig, mesh=None):
@@ -188,51 +143,11 @@ def describe_generation(line: dict[str, Any]) -> str:
             f"{line['mean_fitness']:.4g}")
 
 
-def _plot(run_dir: str | Path) -> list[Path]:
-    from metarl.plots import plot_run
-
-    return plot_run(run_dir)
-
-
-def evolve(config: ExperimentConfig, run_dir: str | Path | None = None) -> RunResult:
-    """Start a new run of ``config`` in ``run_dir`` (a fresh directory by default).
-
-    Raises :class:`RunError` if the directory holds another run or another process is
-    writing it, and :class:`RunStopped` when the run stops itself.
-    """
-    return engine.start_run(RUN_KIND, config, run_dir)
-
-
-def read_run_config(run_dir: str | Path) -> ExperimentConfig:
-    """The resolved config a run was started with."""
-    return RUN_KIND.read_config(run_dir)
-
-
-def resume(run_dir: str | Path, generations: int | None = None,
-           accept_config_change: bool = False,
-           trackers: tuple[str, ...] | None = None) -> RunResult:
-    """Continue ``run_dir`` from its newest usable checkpoint (:mod:`metarl.runs.resume`).
-
-    Runs until ``generations`` generations are complete in total (the config's
-    ``es.generations`` by default; a new budget is written to ``config.json`` and the config
-    history). ``trackers`` replaces ``run.trackers`` from here on (recorded like a new
-    budget). Otherwise as :func:`metarl.runs.engine.resume_run`: a config changed in more
-    than these is refused unless ``accept_config_change``, and a run that never reached a
-    checkpoint starts from the beginning.
-    """
-    return engine.resume_run(RUN_KIND, run_dir, generations, accept_config_change, trackers)
-
-
-def load_run(run_dir: str | Path) -> RunResult:
-    """Read a run back (newest usable checkpoint, config and metrics) without running or
-    changing anything; damaged checkpoints are skipped with a warning."""
-    return engine.load_run(RUN_KIND, run_dir)
-
-
 RUN_KIND = engine.RunKind(
     name="evolve", step_key="generation", from_dict=config_from_dict, build=EvolveProgram,
-    result=RunResult, plot=_plot, describe=describe_generation,
+    result=RunResult, plot=plot_run, describe=describe_generation,
+    evaluate=evaluate_run, format_evaluation=format_table,
     score_key="best_fitness", best_so_far_key="best_fitness_so_far", valid_key="valid",
-    budget_field="es.generations", command="metarl evolve",
+    budget_field="es.generations",
     invalid="every candidate was invalid (NaN or infinite returns)",
     advice="Check the config's settings (learning rates, es.sigma, ...)")

@@ -1,97 +1,33 @@
-"""Figures of learned objectives and of meta-evolution runs.
+"""Figures of drift functions ``D(r, A)``: the penalty LPO-style policy losses subtract
+from ``r A``.
 
-Every ``plot_*`` function returns a :class:`matplotlib.figure.Figure` built without pyplot
-(so nothing is shown and no GUI backend is needed; PNGs are written with Agg), and
-:func:`plot_run` writes the figures of a run directory to ``<run_dir>/plots/*.png``:
-
-==============================  =========================================================
-``fitness.png``                 fitness per generation (always)
-``<figure>.png``                what the run's objective draws of its learned loss (its
-                                registered ``plot``: ``value_distance.png`` for the value
-                                distance, ``drift_{mean,best}.png`` for LPO, ...)
-``learning_curves_<n>.png``     evolved vs baselines on held-out seeds, one per evaluation
-                                (``evaluations/<n>.json``; ``learning_curves.png`` for the
-                                ``evaluation.json`` of runs made before evaluations
-                                accumulated)
-==============================  =========================================================
-
-The drift plots take a function ``drift_fn(ratio, advantage, progress=0.0)``, such as the
-drift objectives' ``drift_fn`` (e.g. :func:`metarl.objectives.lpo.drift_fn`).
+Every function takes drifts as callables ``drift_fn(ratio, advantage[, progress])`` that
+broadcast NumPy arrays and return an array of drifts (e.g. the ``drift_fn`` of
+:mod:`metarl.objectives.lpo`). A callable may carry a ``label`` (its name in titles and
+legends) and ``uses_progress`` (whether its value depends on training progress). Reference
+drifts (PPO's clip, DPO's closed form, ...) are passed in as ``{label: drift_fn}``: this
+module knows no objective. Each returns a :class:`matplotlib.figure.Figure`.
 """
 
 from __future__ import annotations
 
-import functools
 import inspect
-import json
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
-import jax
-import jax.numpy as jnp
 import matplotlib
 import numpy as np
 from matplotlib import colors as mcolors
 from matplotlib.figure import Figure
 from matplotlib.ticker import FixedLocator, NullLocator, ScalarFormatter
 
-from metarl.evaluate import EVALUATION_FILE, list_records
-from metarl.objectives import dpo, get_objective, lpo
-from metarl.objectives.registry import RunFigureRequest
-from metarl.objectives.value_distance import value_distance
-from metarl.run import (
-    BEST_FILE,
-    MEAN_FILE,
-    RunError,
-    load_meta_params,
-    read_metrics,
-    read_run_config,
-)
-
-PLOTS_DIR = "plots"
+from metarl.figures.style import CANDIDATE_COLOURS, SEQUENTIAL_CMAP, new_figure
 
 DriftFn = Callable[..., Any]  # (ratio [...], advantage [...], progress=0.0) -> drift [...]
-
-# One colour per role, the same in every figure.
-CANDIDATE_COLOURS = ("C0", "C1", "C4", "C5", "C6", "C8", "C9")
-BASELINE_COLOURS = {"ppo": "C3", "l2": "C1", "dpo": "C2"}
-SEQUENTIAL_CMAP = "viridis"
-
-
-# --------------------------------------------------------------------------------------
-# helpers
-
-
-def _new_figure(width: float, height: float) -> Figure:
-    return Figure(figsize=(width, height), layout="constrained")
-
-
-def _is_param_tree(value: Any) -> bool:
-    """A term's meta-parameters (``{"layers": [...]}``), as opposed to a labelled mapping."""
-    return isinstance(value, Mapping) and "layers" in value
-
-
-def _labelled(params: Any, default_label: str, term: str) -> dict[str, Any]:
-    """``params`` or ``{label: params}`` -> ``{label: term params}``.
-
-    Also accepts whole meta-parameters ``{"policy": ..., "value": ...}`` and takes ``term``.
-    """
-    if isinstance(params, Mapping) and set(params) == {"policy", "value"}:
-        params = params[term]
-    if _is_param_tree(params) or not isinstance(params, Mapping):
-        return {default_label: params}
-    labelled = {}
-    for label, value in params.items():
-        if isinstance(value, Mapping) and set(value) == {"policy", "value"}:
-            value = value[term]
-        labelled[str(label)] = value
-    return labelled
-
-
-def _as_numpy(values) -> np.ndarray:
-    return np.asarray(jax.device_get(values), np.float64)
-
+# How reference drifts are drawn, in the order they are given.
+REFERENCE_STYLES = ({"color": "black", "ls": "--", "lw": 1.5},
+                    {"color": "C2", "ls": ":", "lw": 2.0},
+                    {"color": "C7", "ls": "-.", "lw": 1.5})
 
 def _ratio_grid(ratio_range: tuple[float, float], num: int, log_ratio: bool) -> np.ndarray:
     low, high = ratio_range
@@ -128,133 +64,22 @@ def _finish_drift_slice(ax, ratio_range: tuple[float, float], log_ratio: bool, y
 
 
 def _evaluate_drift(drift_fn: DriftFn, ratio, advantage, progress=None) -> np.ndarray:
-    ratio = jnp.asarray(ratio, jnp.float32)
-    advantage = jnp.asarray(advantage, jnp.float32)
+    ratio = np.asarray(ratio, np.float32)
+    advantage = np.asarray(advantage, np.float32)
     if progress is None:
-        return _as_numpy(drift_fn(ratio, advantage))
-    return _as_numpy(drift_fn(ratio, advantage, progress=jnp.float32(progress)))
+        return np.asarray(drift_fn(ratio, advantage), np.float64)
+    return np.asarray(drift_fn(ratio, advantage, progress=np.float32(progress)), np.float64)
 
 
 def _drift_name(drift_fn: DriftFn, label: str | None) -> str:
     if label is not None:
         return label
-    if drift_fn is dpo.drift:
-        return f"DPO drift (α = {dpo.DEFAULT_ALPHA:g}, β = {dpo.DEFAULT_BETA:g})"
     return getattr(drift_fn, "label", None) or "drift"
 
 
-# --------------------------------------------------------------------------------------
-# learned value distance
-
-
-def _default_value_distance_form() -> str | None:
-    """The ``form`` that :func:`value_distance` uses when none is given (None: no forms)."""
-    parameter = inspect.signature(value_distance).parameters.get("form")
-    return None if parameter is None else parameter.default
-
-
-def plot_value_distance(
-    meta_params_value_term: Any,
-    x_range: tuple[float, float] = (-5.0, 5.0),
-    *,
-    form: str | None = None,
-    num_points: int = 401,
-    label: str = "learned d(x)",
-    title: str | None = None,
-) -> Figure:
-    """The learned value distance ``d(x)``, ``x = value - target``, against L2 ``½x²``.
-
-    Three panels: ``d(x)`` with ``½x²``; the derivatives ``d'(x)`` and ``x`` (the gradient
-    the critic receives for an error ``x``, from ``jax.grad``); and what evolution changed:
-    for the ``scaled_l2`` form the weight relative to L2, ``d(x) / ½x² = exp(g(x))`` (1 for
-    L2), for the additive forms the deviation ``d(x) - ½x²`` (0 for L2).
-
-    Args:
-        meta_params_value_term: the ``"value"`` meta-parameters of a ``value_distance``
-            objective (``{"layers": [...]}``), whole meta-parameters
-            ``{"policy": ..., "value": ...}``, or a mapping ``{label: params}`` to overlay
-            several candidates (e.g. ``{"mean": ..., "best": ...}``).
-        x_range: range of ``value - target`` to draw.
-        form: the objective's ``form`` option (``scaled_l2``, ``l2_residual``, ``raw``);
-            by default :func:`~metarl.objectives.value_distance.value_distance`'s default.
-        num_points: grid size.
-        label: legend label when a single parameter set is given.
-        title: figure title (a default says what is shown).
-    """
-    candidates = _labelled(meta_params_value_term, label, "value")
-    resolved = form if form is not None else _default_value_distance_form()
-    relative = resolved == "scaled_l2"
-    x = jnp.linspace(float(x_range[0]), float(x_range[1]), int(num_points), dtype=jnp.float32)
-    x_np = _as_numpy(x)
-    l2 = 0.5 * x_np**2
-
-    fig = _new_figure(13.5, 4.2)
-    ax_d, ax_grad, ax_change = fig.subplots(1, 3)
-    for index, (name, params) in enumerate(candidates.items()):
-        colour = CANDIDATE_COLOURS[index % len(CANDIDATE_COLOURS)]
-
-        def distance(v, params=params):
-            if form is None:
-                return value_distance(params, v)
-            return value_distance(params, v, form=form)
-
-        d = _as_numpy(distance(x))
-        grad = _as_numpy(jax.vmap(jax.grad(distance))(x))
-        ax_d.plot(x_np, d, color=colour, lw=2.6, label=name)
-        ax_grad.plot(x_np, grad, color=colour, lw=2.6, label=f"{name}: d'(x)")
-        if relative:
-            with np.errstate(divide="ignore", invalid="ignore"):
-                weight = np.where(x_np == 0.0, np.nan, d / l2)
-            ax_change.plot(x_np, weight, color=colour, lw=2.6, label=f"{name}: d(x) / ½x²")
-        else:
-            ax_change.plot(x_np, d - l2, color=colour, lw=2.6, label=f"{name}: d(x) - ½x²")
-    ax_d.plot(x_np, l2, color="black", ls="--", lw=1.2, label="L2: ½x²")
-    ax_grad.plot(x_np, x_np, color="black", ls="--", lw=1.2, label="L2: x")
-    if relative:
-        ax_change.axhline(1.0, color="black", ls="--", lw=1.2, label="L2 (weight 1)")
-        ax_change.set_title("learned weight relative to L2")
-        ax_change.set_ylabel("d(x) / ½x² = exp(g(x))")
-    else:
-        ax_change.axhline(0.0, color="black", ls="--", lw=1.2, label="L2 (zero deviation)")
-        ax_change.set_title("learned deviation from L2")
-        ax_change.set_ylabel("d(x) - ½x²")
-
-    ax_d.set_title("distance d(x)")
-    ax_d.set_ylabel("loss per sample")
-    ax_grad.set_title("derivative d'(x): gradient on the value")
-    ax_grad.set_ylabel("d'(x)")
-    for ax in (ax_d, ax_grad, ax_change):
-        ax.set_xlabel("x = value - target")
-        ax.axvline(0.0, color="0.8", lw=0.8, zorder=0)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize="small")
-    form_text = f" (form {resolved})" if resolved else ""
-    fig.suptitle(title or f"Learned value distance vs L2{form_text}")
-    return fig
-
-
-# --------------------------------------------------------------------------------------
-# drift functions
-
-
-@functools.lru_cache(maxsize=16)
-def _reference_drift(name: str, clip_eps: float) -> DriftFn:
-    """PPO's or DPO's drift, one function object per setting (so its compilation is reused)."""
-    return lpo.ppo_drift_fn(clip_eps) if name == "ppo" else dpo.drift_fn()
-
-
-def _reference_drifts(compare: Sequence[str], clip_eps: float) -> dict[str, tuple[DriftFn, dict]]:
-    styles = {
-        "ppo": {"color": "black", "ls": "--", "lw": 1.5},
-        "dpo": {"color": "C2", "ls": ":", "lw": 2.0},
-    }
-    references = {}
-    for name in compare:
-        if name not in styles:
-            raise ValueError(f"compare: unknown reference drift {name!r}; allowed: ppo, dpo")
-        fn = _reference_drift(name, float(clip_eps))
-        references[fn.label] = (fn, styles[name])
-    return references
+def _styled(references: Mapping[str, DriftFn]) -> list[tuple[str, DriftFn, dict]]:
+    return [(str(label), fn, REFERENCE_STYLES[i % len(REFERENCE_STYLES)])
+            for i, (label, fn) in enumerate(references.items())]
 
 
 def plot_drift(
@@ -266,7 +91,7 @@ def plot_drift(
     log_ratio: bool = True,
     progress: float = 0.0,
     slice_advantages: Sequence[float] = (1.0, -1.0),
-    compare: Sequence[str] | None = None,
+    references: Mapping[str, DriftFn] | None = None,
     clip_eps: float = 0.2,
     num_points: int = 201,
     title: str | None = None,
@@ -275,31 +100,27 @@ def plot_drift(
 
     The policy maximises ``r A - D(r, A)``: the drift is the penalty for moving the ratio
     ``r = π_new / π_old`` away from 1 when the advantage is ``A``. The heatmap marks ``r = 1``
-    and PPO's clip range; each slice panel draws the drift at one advantage next to PPO's
-    clipping drift ``relu((r - clip(r, 1 ± ε)) A)`` and DPO's closed-form drift.
+    and PPO's clip range; each slice panel draws the drift at one advantage next to the
+    ``references`` (e.g. PPO's clipping drift ``relu((r - clip(r, 1 ± ε)) A)`` and DPO's
+    closed form: :func:`metarl.objectives.lpo.reference_drifts`).
 
     Args:
         drift_fn: ``(ratio, advantage[, progress=...]) -> drift``, broadcasting; e.g.
             :func:`metarl.objectives.lpo.drift_fn` of a run's ``"policy"`` meta-parameters,
-            or ``metarl.objectives.dpo.drift``.
+            or :func:`metarl.objectives.dpo.drift_fn`.
         label: name of the drift in titles and legends (default: ``drift_fn.label``).
-        ratio_range, advantage_range: the grid; ``log_ratio`` spaces the ratio
-            logarithmically (``r`` and ``1/r`` equally far from 1).
+        ratio_range: the grid's range of ratios.
+        advantage_range: the grid's range of advantages.
+        log_ratio: space the ratios logarithmically (``r`` and ``1/r`` equally far from 1).
         progress: training progress passed to ``drift_fn`` (``ta_lpo``); ignored if
             ``drift_fn`` takes no ``progress``.
         slice_advantages: one slice panel per advantage value.
-        compare: reference drifts in the slices, from ``"ppo"`` and ``"dpo"`` (default both,
-            without the one ``drift_fn`` itself is).
-        clip_eps: PPO's clip range for the reference and the marked clip range.
+        references: ``{label: drift_fn}`` drawn in the slices (default none).
+        clip_eps: PPO's clip range, marked on the heatmap.
         num_points: grid points per axis.
         title: figure title.
     """
     name = _drift_name(drift_fn, label)
-    if compare is None:
-        compare = [c for c in ("ppo", "dpo")
-                   if not (c == "dpo" and (drift_fn is dpo.drift or name.startswith("DPO")))
-                   and not (c == "ppo" and name.startswith("PPO"))]
-    references = _reference_drifts(compare, clip_eps)
     takes_progress = _takes_progress(drift_fn)
     progress_arg = progress if takes_progress else None
 
@@ -307,7 +128,7 @@ def plot_drift(
     advantages = np.linspace(advantage_range[0], advantage_range[1], num_points)
     grid = _evaluate_drift(drift_fn, ratios[None, :], advantages[:, None], progress_arg)
 
-    fig = _new_figure(5.6 + 4.2 * len(slice_advantages), 4.4)
+    fig = new_figure(5.6 + 4.2 * len(slice_advantages), 4.4)
     fig.get_layout_engine().set(w_pad=0.15)
     axes = fig.subplots(1, 1 + len(slice_advantages),
                         gridspec_kw={"width_ratios": [1.3] + [1.0] * len(slice_advantages)})
@@ -334,7 +155,7 @@ def plot_drift(
         ones = np.full_like(ratios, a)
         ax.plot(ratios, _evaluate_drift(drift_fn, ratios, ones, progress_arg), color="C0", lw=2.2,
                 label=name)
-        for ref_label, (ref_fn, style) in references.items():
+        for ref_label, ref_fn, style in _styled(references or {}):
             ax.plot(ratios, _evaluate_drift(ref_fn, ratios, ones), label=ref_label, **style)
         _finish_drift_slice(ax, ratio_range, log_ratio, "drift D(r, A)", f"slice at A = {a:+g}")
     suffix = f" at training progress {progress:g}" if _uses_progress(drift_fn) else ""
@@ -345,7 +166,7 @@ def plot_drift(
 def plot_drift_comparison(
     drifts: Mapping[str, DriftFn],
     *,
-    references: Sequence[str] = ("ppo", "dpo"),
+    references: Mapping[str, DriftFn] | None = None,
     ratio_range: tuple[float, float] = (0.5, 2.0),
     advantage_range: tuple[float, float] = (-2.0, 2.0),
     log_ratio: bool = True,
@@ -361,15 +182,14 @@ def plot_drift_comparison(
     Args:
         drifts: ``{label: drift_fn}``, e.g. ``{"evolved": lpo.drift_fn(params)}``; each
             ``drift_fn(ratio, advantage[, progress=...])`` broadcasting.
-        references: reference drifts appended after ``drifts``, from ``"ppo"`` and
-            ``"dpo"``.
+        references: ``{label: drift_fn}`` appended after ``drifts`` (default none).
         progress: training progress passed to drifts that take it.
-        ratio_range, advantage_range, log_ratio, clip_eps, num_points, title: as in
-            :func:`plot_drift`.
+
+    The other arguments are those of :func:`plot_drift`.
     """
     panels = [(str(label), fn, _takes_progress(fn)) for label, fn in drifts.items()]
-    for label, (fn, _) in _reference_drifts(references, clip_eps).items():
-        panels.append((label, fn, False))
+    for label, fn in (references or {}).items():
+        panels.append((str(label), fn, False))
     if not panels:
         raise ValueError("plot_drift_comparison: no drift to draw")
     ratios = _ratio_grid(ratio_range, num_points, log_ratio)
@@ -378,7 +198,7 @@ def plot_drift_comparison(
                              progress if takes else None)
              for _, fn, takes in panels]
     norm = mcolors.Normalize(vmin=0.0, vmax=max(_upper(g) for g in grids))
-    fig = _new_figure(max(3.6 * len(panels) + 1.0, 6.0), 4.0)
+    fig = new_figure(max(3.6 * len(panels) + 1.0, 6.0), 4.0)
     axes = np.atleast_1d(fig.subplots(1, len(panels), sharey=True))
     image = None
     for ax, (label, _, _), grid in zip(axes, panels, grids, strict=True):
@@ -401,7 +221,7 @@ def plot_drift_comparison(
 def plot_drift_slices(
     drifts: Mapping[str, DriftFn],
     *,
-    references: Sequence[str] = ("ppo", "dpo"),
+    references: Mapping[str, DriftFn] | None = None,
     ratio_range: tuple[float, float] = (0.5, 2.0),
     log_ratio: bool = True,
     slice_advantages: Sequence[float] = (1.0, -1.0),
@@ -411,18 +231,17 @@ def plot_drift_slices(
     title: str | None = None,
 ) -> Figure:
     """Several drifts overlaid as slices at fixed advantages (one panel per advantage),
-    with the reference drifts in black / green: e.g. the search means of several runs.
+    with the reference drifts dashed and dotted: e.g. the search means of several runs.
+
+    The other arguments are those of :func:`plot_drift`.
 
     Args:
         drifts: ``{label: drift_fn}``, one line each.
-        references, progress, ratio_range, log_ratio, slice_advantages, clip_eps,
-        num_points, title: as in :func:`plot_drift`.
     """
     if not drifts:
         raise ValueError("plot_drift_slices: no drift to draw")
-    refs = _reference_drifts(references, clip_eps)
     ratios = _ratio_grid(ratio_range, num_points, log_ratio)
-    fig = _new_figure(4.6 * len(slice_advantages) + 0.6, 4.2)
+    fig = new_figure(4.6 * len(slice_advantages) + 0.6, 4.2)
     axes = np.atleast_1d(fig.subplots(1, len(slice_advantages)))
     for ax, a in zip(axes, slice_advantages, strict=True):
         ones = np.full_like(ratios, a)
@@ -430,7 +249,7 @@ def plot_drift_slices(
             values = _evaluate_drift(fn, ratios, ones, progress if _takes_progress(fn) else None)
             ax.plot(ratios, values, color=CANDIDATE_COLOURS[index % len(CANDIDATE_COLOURS)],
                     lw=1.8, label=str(label))
-        for ref_label, (ref_fn, style) in refs.items():
+        for ref_label, ref_fn, style in _styled(references or {}):
             ax.plot(ratios, _evaluate_drift(ref_fn, ratios, ones), label=ref_label, **style)
         _finish_drift_slice(ax, ratio_range, log_ratio, "drift D(r, A)",
                             f"slice at A = {a:+g}")
@@ -471,7 +290,7 @@ def plot_temporal_drift(
     advantage_range: tuple[float, float] = (-2.0, 2.0),
     log_ratio: bool = True,
     slice_advantages: Sequence[float] = (1.0, -1.0),
-    clip_eps: float = 0.2,
+    reference: DriftFn | None = None,
     num_points: int = 121,
     title: str | None = None,
 ) -> Figure:
@@ -479,14 +298,15 @@ def plot_temporal_drift(
 
     Top row: one heatmap per progress value, all on one colour scale (one colour bar).
     Bottom row: slices at fixed advantages, one line per progress value (colour = progress),
-    with PPO's clipping drift for reference.
+    with a ``reference`` drift (e.g. PPO's clip, which carries its ``label``) if given.
+
+    The other arguments are those of :func:`plot_drift`.
 
     Args:
         drift_fn: ``(ratio, advantage, progress=...) -> drift``, e.g.
             :func:`metarl.objectives.ta_lpo.drift_fn` of a run's ``"policy"`` meta-parameters.
         progresses: training progress values ``n / N`` in ``[0, 1]``.
-        label, ratio_range, advantage_range, log_ratio, slice_advantages, clip_eps,
-        num_points, title: as in :func:`plot_drift`.
+        reference: a drift drawn dashed in every slice, not scaled with the learned one.
     """
     if not progresses:
         raise ValueError("progresses: need at least one progress value")
@@ -500,7 +320,7 @@ def plot_temporal_drift(
     norm = mcolors.Normalize(vmin=0.0, vmax=max(_upper(g) for g in grids))
 
     columns = len(progresses)
-    fig = _new_figure(max(3.0 * columns, 9.0), 7.6)
+    fig = new_figure(max(3.0 * columns, 9.0), 7.6)
     sub_top, sub_bottom = fig.subfigures(2, 1, height_ratios=[1.0, 1.1])
     map_axes = np.atleast_1d(sub_top.subplots(1, columns, sharey=True))
     image = None
@@ -518,7 +338,6 @@ def plot_temporal_drift(
 
     slice_axes = np.atleast_1d(sub_bottom.subplots(1, len(slice_advantages)))
     cmap = matplotlib.colormaps["plasma"]
-    ppo = _reference_drift("ppo", float(clip_eps))
     first, span = min(progresses), max(max(progresses) - min(progresses), 1e-9)
     for ax, a in zip(slice_axes, slice_advantages, strict=True):
         ones = np.full_like(ratios, a)
@@ -528,417 +347,17 @@ def plot_temporal_drift(
             values = _evaluate_drift(drift_fn, ratios, ones, p)
             top = max(top, _upper(values))
             ax.plot(ratios, values, color=shade, lw=2, label=f"p = {p:g}")
-        reference = _evaluate_drift(ppo, ratios, ones)
-        # Keep the learned drift readable: PPO's hard clip may run off the top.
-        off_scale = _upper(reference) > 3.0 * top
-        ax.plot(ratios, reference, color="black", ls="--", lw=1.2,
-                label=ppo.label + (" (runs off scale)" if off_scale else ""))
-        if off_scale:
-            ax.set_ylim(-0.04 * top * 1.5, top * 1.5)
+        if reference is not None:
+            values = _evaluate_drift(reference, ratios, ones)
+            # Keep the learned drift readable: PPO's hard clip may run off the top.
+            off_scale = _upper(values) > 3.0 * top
+            ax.plot(ratios, values, color="black", ls="--", lw=1.2,
+                    label=_drift_name(reference, None)
+                    + (" (runs off scale)" if off_scale else ""))
+            if off_scale:
+                ax.set_ylim(-0.04 * top * 1.5, top * 1.5)
         _finish_drift_slice(ax, ratio_range, log_ratio, "drift D(r, A, p)",
                             f"slice at A = {a:+g}, one line per training progress", ncol=2)
     fig.suptitle(title or "Temporally-aware drift: how the penalty changes over training",
                  fontsize="large")
     return fig
-
-
-# --------------------------------------------------------------------------------------
-# runs: fitness and learning curves
-
-
-def plot_fitness(history: Sequence[Mapping[str, Any]] | str | Path, *,
-                 metric: str = "mean_return", title: str | None = None) -> Figure:
-    """Fitness per generation: best, mean, min-max band and best-so-far.
-
-    Args:
-        history: the lines of ``metrics.jsonl`` (``metarl.run.read_metrics``), or a run
-            directory. Invalid candidates (NaN runs) are left out of the statistics and
-            counted in the legend.
-        metric: the run's ``fitness.metric`` (for the y label).
-        title: figure title.
-    """
-    if isinstance(history, str | Path):
-        history = read_metrics(history)
-    if not history:
-        raise ValueError("plot_fitness: the history is empty (no generation finished yet)")
-    generations = np.array([line["generation"] for line in history])
-    best, mean, low, high, std = [], [], [], [], []
-    invalid = 0
-    for line in history:
-        fitness = np.asarray(line["fitness"], np.float64)
-        valid = np.asarray(line.get("valid", [True] * fitness.size), bool) & np.isfinite(fitness)
-        invalid += int((~valid).sum())
-        good = fitness[valid]
-        if good.size:
-            best.append(good.max())
-            mean.append(good.mean())
-            low.append(good.min())
-            high.append(good.max())
-            std.append(good.std())
-        else:
-            best.append(np.nan)
-            mean.append(np.nan)
-            low.append(np.nan)
-            high.append(np.nan)
-            std.append(np.nan)
-    best, mean, low, high, std = map(np.asarray, (best, mean, low, high, std))
-    so_far = np.array([line.get("best_fitness_so_far", np.nan) for line in history], np.float64)
-
-    fig = _new_figure(7.5, 4.5)
-    ax = fig.subplots()
-    population = len(history[-1]["fitness"])
-    ax.fill_between(generations, low, high, color="C0", alpha=0.18, step=None,
-                    label=f"min–max over {population} candidates")
-    ax.fill_between(generations, mean - std, mean + std, color="C0", alpha=0.25,
-                    label="mean ± std")
-    ax.plot(generations, mean, color="C0", marker="o", lw=2, label="mean fitness")
-    ax.plot(generations, best, color="C1", marker="^", lw=1.5, label="best of generation")
-    ax.plot(generations, so_far, color="C3", ls="--", drawstyle="steps-post",
-            label="best so far")
-    if invalid:
-        ax.plot([], [], " ", label=f"{invalid} invalid candidate(s) left out")
-    ax.set_xlabel("generation")
-    described = {"mean_return": "mean episode return over training",
-                 "final_return": "final episode return"}.get(metric, metric)
-    ax.set_ylabel(f"fitness ({described})")
-    ax.xaxis.get_major_locator().set_params(integer=True)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize="small")
-    ax.set_title(title or "Fitness of the candidates per generation")
-    return fig
-
-
-def _mean_ci(curves: np.ndarray, confidence: float = 0.95) -> tuple[np.ndarray, ...]:
-    """Per-update mean over seeds and a Student-t confidence interval; ``[S, U] -> 3 × [U]``."""
-    from scipy import stats
-
-    count = np.sum(np.isfinite(curves), axis=0)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        mean = np.nanmean(np.where(count[None] > 0, curves, 0.0), axis=0)
-        mean = np.where(count > 0, mean, np.nan)
-        std = np.nanstd(np.where(count[None] > 1, curves, 0.0), axis=0, ddof=1)
-        half = stats.t.ppf(0.5 + confidence / 2, np.maximum(count - 1, 1)) * std / np.sqrt(count)
-    half = np.where(count > 1, half, 0.0)
-    return mean, mean - half, mean + half
-
-
-def plot_learning_curves(
-    evaluation_report: Mapping[str, Any] | str | Path,
-    *,
-    steps_per_update: int | Mapping[str, int] | None = None,
-    title: str | None = None,
-) -> Figure:
-    """Episode return per update on held-out seeds: evolved objective vs each baseline.
-
-    One panel per environment; each objective's line is the mean over seeds with a 95%
-    confidence band (Student t over seeds).
-
-    Args:
-        evaluation_report: the dict returned by :func:`metarl.evaluate.evaluate_run` (or the
-            path of a saved evaluation, or a run directory: its newest evaluation).
-        steps_per_update: environment steps per update (``num_envs * num_steps``), one int
-            or one per environment id, to put environment steps on the x axis; by default
-            the report's ``steps_per_update`` if it has one, else updates.
-        title: figure title.
-    """
-    report = _read_report(evaluation_report)
-    results = report.get("results") or []
-    if not results:
-        raise ValueError("plot_learning_curves: the report has no results")
-    steps_per_update = steps_per_update if steps_per_update is not None \
-        else report.get("steps_per_update")
-    env_ids = list(dict.fromkeys(r["env_id"] for r in results))
-    objectives = list(dict.fromkeys(r["objective"] for r in results))
-    which = report.get("meta_params", "mean")
-
-    fig = _new_figure(6.0 * len(env_ids), 4.4)
-    axes = np.atleast_1d(fig.subplots(1, len(env_ids), squeeze=False)[0])
-    for ax, env_id in zip(axes, env_ids, strict=True):
-        scale = steps_per_update.get(env_id) if isinstance(steps_per_update, Mapping) \
-            else steps_per_update
-        for result in (r for r in results if r["env_id"] == env_id):
-            curves = np.array([[np.nan if v is None else v for v in row]
-                               for row in result["curves"]], np.float64)
-            if curves.ndim != 2 or curves.size == 0:
-                continue
-            mean, low, high = _mean_ci(curves)
-            x = np.arange(1, curves.shape[1] + 1, dtype=np.float64)
-            if scale:
-                x = x * scale
-            objective = result["objective"]
-            if objective == "evolved":
-                colour, style, label = "C0", "-", f"evolved ({which} meta-params)"
-            else:
-                colour = BASELINE_COLOURS.get(objective,
-                                              f"C{4 + objectives.index(objective) % 6}")
-                style, label = "--", f"{objective} (baseline)"
-            seeds = curves.shape[0]
-            ax.plot(x, mean, color=colour, ls=style, lw=2, label=f"{label}, {seeds} seeds")
-            ax.fill_between(x, low, high, color=colour, alpha=0.15)
-        ax.plot([], [], " ", label="bands: 95% CI of the mean")
-        ax.set_xlabel("environment steps per agent" if scale else "update")
-        ax.set_ylabel("episode return")
-        ax.set_title(env_id)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize="small")
-    fig.suptitle(title or "Learning curves on held-out seeds: evolved objective vs baselines")
-    return fig
-
-
-def _read_report(report: Mapping[str, Any] | str | Path) -> Mapping[str, Any]:
-    if isinstance(report, Mapping):
-        return report
-    path = Path(report)
-    if path.is_dir():
-        records = list_records(path)
-        if records:
-            return records[-1]
-        path = path / EVALUATION_FILE
-    if not path.is_file():
-        raise RunError(f"no evaluation report at {path}")
-    return json.loads(path.read_text())
-
-
-# --------------------------------------------------------------------------------------
-# a whole run
-
-
-def _save(fig: Figure, path: Path) -> Path:
-    fig.savefig(path, dpi=110)
-    return path
-
-
-def plot_run(run_dir: str | Path) -> list[Path]:
-    """Write the figures of a run to ``<run_dir>/plots/*.png`` and return their paths.
-
-    Always the fitness; then what the run's objective draws of its learned loss for the
-    search mean and the best candidate (its registered ``plot``, e.g. the learned value
-    distance against L2, or LPO's drift); and the learning curves of every evaluation of the
-    run (:func:`metarl.evaluate.list_records`).
-
-    Raises:
-        RunError: ``run_dir`` is missing, is not a run, or has no finished generation.
-    """
-    run_dir = Path(run_dir)
-    config = read_run_config(run_dir)  # raises RunError naming what is missing
-    history = read_metrics(run_dir)
-    if not history:
-        raise RunError(f"{run_dir} has no finished generation yet (metrics.jsonl is empty)")
-    out = run_dir / PLOTS_DIR
-    out.mkdir(exist_ok=True)
-    written = [_save(plot_fitness(history, metric=config.fitness.metric,
-                                  title=f"{config.name}: fitness per generation"),
-                     out / "fitness.png")]
-
-    plot = get_objective(config.objective.name).plot
-    if plot is not None:
-        request = RunFigureRequest(
-            run_name=config.name, candidates=_load_candidates(run_dir, config),
-            options=dict(config.objective.options), inner=config.inner[0],
-            generation=history[-1]["generation"],
-        )
-        for stem, fig in plot(request).items():
-            written.append(_save(fig, out / f"{stem}.png"))
-
-    for report in list_records(run_dir):
-        if not report.get("results"):
-            continue
-        # reports written before results recorded their steps per update came from PPO
-        by_env = {inner.env_id: getattr(inner, "batch_size", None) for inner in config.inner}
-        steps = {r["env_id"]: r.get("steps_per_update") or by_env.get(r["env_id"])
-                 or getattr(config.inner[0], "batch_size", 1)
-                 for r in report.get("results", [])}
-        legacy = not isinstance(report["id"], int)
-        title = f"{config.name}: held-out learning curves"
-        if not legacy:
-            title += (f" (evaluation {report['id']}: {report.get('seeds', '?')} seeds, "
-                      f"{report.get('meta_params', 'mean')} meta-params)")
-        fig = plot_learning_curves(report, steps_per_update=steps, title=title)
-        name = ("learning_curves.png" if report["id"] == "legacy"
-                else f"learning_curves_{report['id']}.png")
-        written.append(_save(fig, out / name))
-    return written
-
-
-def _load_candidates(run_dir: Path, config) -> dict[str, Any]:
-    """``{"mean": params, "best": params}`` for the meta-parameter files present."""
-    template = config.objective.build().init(jax.random.PRNGKey(0))
-    candidates = {}
-    for which, filename in (("mean", MEAN_FILE), ("best", BEST_FILE)):
-        if (run_dir / filename).is_file():
-            candidates[which] = _read_meta_params(run_dir / filename, template)
-    return candidates
-
-
-def load_candidate_meta_params(path: str | Path, config) -> Any:
-    """Meta-parameters saved at ``path`` by a run of ``config``, as float32 arrays in the
-    structure of its objective (:class:`RunError` when they do not fit it)."""
-    template = config.objective.build().init(jax.random.PRNGKey(0))
-    return _read_meta_params(Path(path), template)
-
-
-def _read_meta_params(path: Path, template: Any) -> Any:
-    """Meta-parameters from ``path`` as float32 arrays in ``template``'s structure."""
-    try:
-        params = load_meta_params(path, template)
-    except (TypeError, KeyError, ValueError):
-        # Files written before lists were stored as {"0": ...} dicts hold the lists as they
-        # were; their raw tree already has the template's structure.
-        params = load_meta_params(path)
-    expected, found = jax.tree.structure(template), jax.tree.structure(params)
-    if expected != found:
-        raise RunError(
-            f"{path} does not hold meta-parameters of this run's objective: "
-            f"expected {expected}, found {found}"
-        )
-    params = jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), params)
-    for want, got in zip(jax.tree.leaves(template), jax.tree.leaves(params), strict=True):
-        if np.shape(want) != np.shape(got):
-            raise RunError(f"{path}: a meta-parameter has shape {np.shape(got)}, the "
-                           f"objective's has {np.shape(want)}")
-    return params
-
-
-# --------------------------------------------------------------------------------------
-# hyperparameter sweeps
-
-
-def _setting_label(setting: Mapping[str, float]) -> str:
-    return ", ".join(f"{name} {value:g}" for name, value in setting.items())
-
-
-def plot_sweep_curves(report: Mapping[str, Any], title: str | None = None) -> Figure:
-    """Learning curves of every combination of a sweep (:func:`metarl.sweep.run_sweep`):
-    mean episode return over seeds with a 95% confidence band, the best combination first
-    in the legend."""
-    results = sorted(report["results"], key=lambda r: -np.nan_to_num(r["mean"], nan=-np.inf))
-    if not results:
-        raise ValueError("plot_sweep_curves: the report has no results")
-    fig = _new_figure(7.5, 4.6)
-    ax = fig.subplots()
-    scale = report.get("steps_per_update")
-    colours = matplotlib.colormaps[SEQUENTIAL_CMAP](np.linspace(0.0, 0.9, len(results)))
-    for colour, result in zip(colours, results, strict=True):
-        curves = np.array([[np.nan if v is None else v for v in row]
-                           for row in result["curves"]], np.float64)
-        mean, low, high = _mean_ci(curves)
-        x = np.arange(1, curves.shape[1] + 1, dtype=np.float64) * (scale or 1)
-        ax.plot(x, mean, color=colour, lw=1.8,
-                label=f"{_setting_label(result['setting'])}: {result['mean']:.4g}")
-        ax.fill_between(x, low, high, color=colour, alpha=0.12)
-    ax.set_xlabel("environment steps per agent" if scale else "update")
-    ax.set_ylabel("episode return")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize="x-small", title=f"{report['metric']} over {report['seeds']} seeds",
-              title_fontsize="small")
-    fig.suptitle(title or f"Sweep of {report['algorithm']} on {report['env_id']}: "
-                          "learning curves (bands: 95% CI of the mean)")
-    return fig
-
-
-def plot_sweep_heatmap(report: Mapping[str, Any], title: str | None = None) -> Figure:
-    """Mean score of each combination of a two-axis sweep, one cell per combination with
-    its value written in it."""
-    names = list(report["grid"])
-    if len(names) != 2:
-        raise ValueError(f"plot_sweep_heatmap: needs a grid of two axes, got {names}")
-    rows, cols = (report["grid"][name] for name in names)
-    grid = np.full((len(rows), len(cols)), np.nan)
-    for result in report["results"]:
-        setting = result["setting"]
-        grid[rows.index(setting[names[0]]), cols.index(setting[names[1]])] = result["mean"]
-    fig = _new_figure(1.6 + 1.3 * len(cols), 1.4 + 0.8 * len(rows))
-    ax = fig.subplots()
-    image = ax.imshow(grid, cmap=SEQUENTIAL_CMAP, aspect="auto", origin="lower")
-    colorbar = fig.colorbar(image, ax=ax)
-    colorbar.set_label(f"{report['metric']} (mean over {report['seeds']} seeds)")
-    finite = grid[np.isfinite(grid)]
-    middle = (finite.min() + finite.max()) / 2 if finite.size else 0.0
-    for (i, j), value in np.ndenumerate(grid):
-        text = "invalid" if np.isnan(value) else f"{value:.4g}"
-        ax.text(j, i, text, ha="center", va="center", fontsize="small",
-                color="white" if np.isnan(value) or value < middle else "black")
-    ax.set_xticks(range(len(cols)), [f"{c:g}" for c in cols])
-    ax.set_yticks(range(len(rows)), [f"{r:g}" for r in rows])
-    ax.set_xlabel(names[1])
-    ax.set_ylabel(names[0])
-    ax.set_title(title or f"Sweep of {report['algorithm']} on {report['env_id']}")
-    return fig
-
-
-# --------------------------------------------------------------------------------------
-# population-based training
-
-
-def plot_pbt(history: Sequence[Mapping[str, Any]], steps_per_update: int | None = None,
-             title: str | None = None) -> Figure:
-    """A PBT run (:attr:`metarl.population.pbt.PBTResult.history`): the return of every
-    member over training, and one panel per explored hyperparameter with every member's
-    schedule; exploit events are marked where a member took another's state, and the
-    lineage of the final best member is drawn bold.
-
-    Args:
-        history: one record per segment (``fitness``, ``hypers``, ``source``, ``replaced``,
-            ``returns [P, U]``).
-        steps_per_update: environment steps per update, for an x axis in steps.
-        title: figure title.
-    """
-    from metarl.population.pbt import lineage
-
-    if not history:
-        raise ValueError("plot_pbt: the history is empty")
-    names = [name for name, _ in history[0]["hypers"].items()
-             if any(len(set(record["hypers"][name])) > 1 for record in history)]
-    segment_updates = len(history[0]["returns"][0])
-    scale = steps_per_update or 1
-    size = len(history[0]["fitness"])
-    best = int(np.nanargmax(np.asarray(history[-1]["fitness"], np.float64)))
-    chain = lineage(history, best)
-    fig = _new_figure(7.5, 2.6 * (1 + len(names)))
-    axes = np.atleast_1d(fig.subplots(1 + len(names), 1, sharex=True, squeeze=False)[:, 0])
-    colours = matplotlib.colormaps["tab20"](np.linspace(0.0, 1.0, max(size, 2)))
-    returns = np.concatenate([np.asarray(r["returns"], np.float64) for r in history], axis=1)
-    x = np.arange(1, returns.shape[1] + 1) * scale
-    for member in range(size):
-        axes[0].plot(x, returns[member], color=colours[member], lw=0.8, alpha=0.6)
-    lineage_returns = np.concatenate([np.asarray(record["returns"][m], np.float64)
-                                      for record, m in zip(history, chain, strict=True)])
-    axes[0].plot(x, lineage_returns, color="black", lw=2.2, label=f"lineage of member {best}")
-    axes[0].set_ylabel("episode return")
-    axes[0].legend(fontsize="small")
-    edges = np.arange(len(history) + 1) * segment_updates * scale
-    for ax, name in zip(axes[1:], names, strict=True):
-        values = np.array([record["hypers"][name] for record in history], np.float64)  # [S, P]
-        for member in range(size):
-            ax.step(edges, np.append(values[:, member], values[-1, member]), where="post",
-                    color=colours[member], lw=0.9, alpha=0.7)
-        chain_values = [values[s, m] for s, m in enumerate(chain)]
-        ax.step(edges, chain_values + chain_values[-1:], where="post", color="black", lw=2.2)
-        for s, record in enumerate(history[:-1]):
-            replaced = np.flatnonzero(record["replaced"])
-            ax.scatter(np.full(replaced.size, edges[s + 1]), values[s + 1, replaced],
-                       marker="v", s=18, color="C3", zorder=3,
-                       label="exploit (copied a better member)" if s == 0 and replaced.size
-                       else None)
-        if np.all(values > 0) and values.max() / values.min() > 20:
-            ax.set_yscale("log")
-        ax.set_ylabel(name)
-        ax.legend(fontsize="small", loc="best")
-    for ax in axes:
-        ax.grid(alpha=0.3)
-    axes[-1].set_xlabel("environment steps per member" if steps_per_update else "update")
-    fig.suptitle(title or f"Population-based training: {size} members, {len(history)} segments")
-    return fig
-
-
-__all__ = [
-    "plot_drift",
-    "plot_fitness",
-    "plot_learning_curves",
-    "plot_pbt",
-    "plot_run",
-    "plot_sweep_curves",
-    "plot_sweep_heatmap",
-    "plot_temporal_drift",
-    "plot_value_distance",
-]

@@ -40,6 +40,7 @@ import jax
 import jax.numpy as jnp
 
 from inner_loops.objective import LossInputs, LossTerm, Objective
+from metarl.objectives import dpo
 from metarl.objectives.drift import DriftFunction, drift_figures
 from metarl.objectives.mlp import apply_mlp, init_mlp
 from metarl.objectives.registry import register_objective
@@ -229,8 +230,14 @@ def ppo_drift_fn(clip_eps: float = 0.2) -> DriftFunction:
     return DriftFunction(clipping, f"PPO clip drift (ε = {clip_eps:g})")
 
 
+def reference_drifts(clip_eps: float = 0.2) -> dict[str, DriftFunction]:
+    """The drifts a learned one is drawn against: PPO's clip at ``clip_eps`` and DPO's
+    closed form, ``{label: drift}``."""
+    return {fn.label: fn for fn in (ppo_drift_fn(clip_eps), dpo.drift_fn())}
+
+
 def _figures(request) -> dict:
-    return drift_figures(request, drift_fn)
+    return drift_figures(request, drift_fn, reference_drifts)
 
 
 @register_objective("lpo", slots=("policy",), algorithms=("ppo",), baselines=("ppo", "dpo"),

@@ -51,7 +51,8 @@ class RunFigureRequest:
 CANDIDATE_LABELS = {"mean": "search mean", "best": "best candidate"}
 
 
-# (request) -> {file stem: matplotlib Figure}; plot_run writes ``plots/<stem>.png``.
+# (request) -> {file stem: matplotlib Figure}; a run's report (metarl.evolve.report) writes
+# ``plots/<stem>.png``.
 RunFigures = Callable[[RunFigureRequest], dict[str, Any]]
 
 

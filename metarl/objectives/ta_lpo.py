@@ -31,6 +31,7 @@ from metarl.objectives.lpo import (
     drift_term,
     drift_with_features,
     lpo_features,
+    reference_drifts,
 )
 from metarl.objectives.registry import register_objective
 
@@ -84,7 +85,7 @@ def drift_fn(policy_meta_params: dict, clip_eps: float = 0.2,
 
 
 def _figures(request) -> dict:
-    return drift_figures(request, drift_fn)
+    return drift_figures(request, drift_fn, reference_drifts)
 
 
 @register_objective("ta_lpo", slots=("policy",), algorithms=("ppo",),

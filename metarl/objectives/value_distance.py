@@ -27,10 +27,12 @@ Meta-parameters: ``{"policy": {}, "value": {"layers": [{"w": [1, h1], "b": [h1]}
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from inner_loops.objective import LossInputs, LossTerm, Objective
 from metarl.objectives.mlp import apply_mlp, init_mlp
@@ -38,6 +40,7 @@ from metarl.objectives.registry import register_objective
 
 DEFAULT_HIDDEN_SIZES = (64, 64)
 FORMS = ("scaled_l2", "l2_residual", "raw")
+DEFAULT_FORM = "scaled_l2"
 MAX_LOG_SCALE = 30.0  # exp(g) is capped so a wild candidate gives a huge loss, not inf
 
 
@@ -117,13 +120,68 @@ def value_distance_term(
     return LossTerm(name, init, loss)
 
 
+def distance_curves(meta_params_value_term: Any, x_range: tuple[float, float] = (-5.0, 5.0),
+                    num_points: int = 401, form: str | None = None
+                    ) -> tuple[np.ndarray, dict[str, tuple[np.ndarray, np.ndarray]]]:
+    """The learned distance and its derivative on a grid of errors, for drawing.
+
+    Args:
+        meta_params_value_term: the ``"value"`` meta-parameters (``{"layers": [...]}``),
+            whole meta-parameters ``{"policy": ..., "value": ...}``, or ``{label: params}``
+            of several candidates (e.g. ``{"mean": ..., "best": ...}``).
+        x_range: range of ``value - target``.
+        num_points: grid size.
+        form: the objective's ``form`` (default :func:`value_distance`'s default).
+
+    Returns:
+        ``x [N]`` and ``{label: (d(x) [N], d'(x) [N])}`` (``d'`` from ``jax.grad``).
+    """
+    form = form or DEFAULT_FORM
+    x = jnp.linspace(float(x_range[0]), float(x_range[1]), int(num_points), dtype=jnp.float32)
+    curves = {}
+    for label, params in _labelled(meta_params_value_term).items():
+        def distance(v, params=params):
+            return value_distance(params, v, form=form)
+
+        curves[label] = (np.asarray(distance(x), np.float64),
+                         np.asarray(jax.vmap(jax.grad(distance))(x), np.float64))
+    return np.asarray(x, np.float64), curves
+
+
+def _labelled(params: Any, default_label: str = "learned d(x)") -> dict[str, Any]:
+    """``params`` or ``{label: params}`` (each a value term or whole meta-parameters) ->
+    ``{label: value term}``."""
+    def value_term(tree):
+        if isinstance(tree, Mapping) and set(tree) == {"policy", "value"}:
+            return tree["value"]
+        return tree
+
+    params = value_term(params)
+    if not isinstance(params, Mapping) or "layers" in params:
+        return {default_label: params}
+    return {str(label): value_term(tree) for label, tree in params.items()}
+
+
+def plot_learned_distance(meta_params_value_term: Any,
+                          x_range: tuple[float, float] = (-5.0, 5.0), *,
+                          form: str | None = None, num_points: int = 401,
+                          title: str | None = None):
+    """Learned value distances against L2 (:func:`metarl.figures.plot_value_distance`):
+    ``d(x)``, its derivative and the weight relative to L2 (the deviation from L2 for the
+    additive forms). Arguments as in :func:`distance_curves`; returns the figure."""
+    from metarl.figures.value_distance import plot_value_distance  # matplotlib on demand
+
+    form = form or DEFAULT_FORM
+    x, curves = distance_curves(meta_params_value_term, x_range, num_points, form)
+    return plot_value_distance(x, curves, relative=form == "scaled_l2", form=form,
+                               title=title)
+
+
 def _figures(request) -> dict:
     """The learned distance of every candidate against L2, in one figure."""
-    from metarl.plots import plot_value_distance  # matplotlib only when drawing
-
     if not request.candidates:
         return {}
-    fig = plot_value_distance(
+    fig = plot_learned_distance(
         {request.label(which): params["value"] for which, params in request.candidates.items()},
         form=request.options.get("form"),
         title=f"{request.run_name}: learned value distance vs L2 "

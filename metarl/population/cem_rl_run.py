@@ -105,14 +105,9 @@ class CEMRLRunResult(SteppedRun):
         return self.program.run.mean_actor(self.state)
 
 
-def load_cem_rl_run(run_dir: str | Path) -> CEMRLRunResult:
-    """Read a cem_rl run back without running or changing anything."""
-    return engine.load_run(RUN_KIND, run_dir)
-
-
 def plot_cem_rl_run(run_dir: str | Path) -> list[Path]:
     """Write ``plots/cem_rl.png`` (fitness over generations; RL against CEM actors)."""
-    from metarl.population.plots import plot_cem_rl
+    from metarl.figures.population import plot_cem_rl
 
     def draw(config, history):
         method = config.method
@@ -128,7 +123,7 @@ def evaluate_cem_rl_run(run_dir: str | Path, eval_seed: int = 10_007, rerun: boo
     """Play the final mean actor's deterministic episodes (``inner.eval_episodes`` by
     default); saved as ``evaluations/<n>.json`` and reused when made before."""
     run_dir = Path(run_dir)
-    run = load_cem_rl_run(run_dir)
+    run = engine.load_run(RUN_KIND, run_dir)
     episodes = episodes or run.config.inner.eval_episodes
     last = run.history[-1]
     generation = int(last[STEP_KEY])

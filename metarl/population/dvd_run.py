@@ -99,14 +99,9 @@ class DvDRunResult(SteppedRun):
     :class:`~metarl.population.dvd.DvDState`."""
 
 
-def load_dvd_run(run_dir: str | Path) -> DvDRunResult:
-    """Read a dvd run back without running or changing anything."""
-    return engine.load_run(RUN_KIND, run_dir)
-
-
 def plot_dvd_run(run_dir: str | Path) -> list[Path]:
     """Write ``plots/dvd.png`` (diversity, every member's return, the weight)."""
-    from metarl.population.plots import plot_dvd
+    from metarl.figures.population import plot_dvd
 
     def draw(config, history):
         method = config.method
@@ -123,7 +118,7 @@ def evaluate_dvd_run(run_dir: str | Path, eval_seed: int = 10_007, rerun: bool =
     ``evaluations/<n>.json`` and reused when made before. The report also has the final
     population's diversity (log-det over its actions)."""
     run_dir = Path(run_dir)
-    run = load_dvd_run(run_dir)
+    run = engine.load_run(RUN_KIND, run_dir)
     last = run.history[-1]
     segment = int(last[STEP_KEY])
     spec = {"kind": KIND, STEP_KEY: segment, "eval_seed": eval_seed,

@@ -23,7 +23,15 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from metarl.config import ConfigError, RunConfig, _build, _build_inner, _plain, inner_to_dict
+from metarl.config import (
+    ConfigError,
+    RunConfig,
+    build_table,
+    inner_to_dict,
+    plain,
+    refuse_tables,
+    single_inner,
+)
 
 
 @dataclass(frozen=True)
@@ -62,7 +70,7 @@ class MethodExperimentConfig:
         config."""
         method = {f.name: getattr(self.method, f.name)
                   for f in dataclasses.fields(self.method) if f.name != "inner"}
-        return _plain({"kind": self.kind, "name": self.name, "description": self.description,
+        return plain({"kind": self.kind, "name": self.name, "description": self.description,
                        "inner": inner_to_dict(self.method.inner), self.kind: method,
                        "run": dataclasses.asdict(self.run)})
 
@@ -78,33 +86,22 @@ def method_config_from_dict(kind: str, method_class: type, data: dict[str, Any]
     given = data.pop("kind", kind)
     if given != kind:
         raise ConfigError(f"kind: expected {kind!r} here, got {given!r}")
-    for name in ("es", "fitness", "objective", "pbt", *({"cem_rl", "dvd"} - {kind})):
-        if name in data:
-            raise ConfigError(f"{name}: a {kind} experiment has no [{name}] table (it has "
-                              f"[inner], [{kind}] and [run])")
-    inner = data.pop("inner", {})
-    if isinstance(inner, list):
-        if len(inner) != 1:
-            raise ConfigError(f"inner: a {kind} experiment trains TD3 actors on one "
-                              f"environment; got {len(inner)} [[inner]] tables")
-        inner = inner[0]
-    if not isinstance(inner, dict):
-        raise ConfigError(f"inner: expected a table, got {inner!r}")
-    inner = _build_inner({"algorithm": "td3", **inner}, "inner")
+    refuse_tables(data, kind, ("inner", kind))
+    inner = single_inner(data.pop("inner", {}), kind, algorithm="td3")
     table = data.pop(kind, {})
     if not isinstance(table, dict):
         raise ConfigError(f"{kind}: expected a table, got {table!r}")
     if "inner" in table:
         raise ConfigError(f"{kind}.inner: TD3's settings go in the top-level [inner] table")
     try:
-        method = _build(method_class, {**table, "inner": inner}, kind)
+        method = build_table(method_class, {**table, "inner": inner}, kind)
     except ConfigError as error:  # the method's own messages already start with its kind
         text = str(error).replace(f"{kind}.{kind}.", f"{kind}.")
         raise ConfigError(text.replace(f"{kind}.inner", "inner")) from None
-    run = _build(RunConfig, data.pop("run", {}), "run")
+    run = build_table(RunConfig, data.pop("run", {}), "run")
     unknown = sorted(set(data) - {"name", "description"})
     if unknown:
         raise ConfigError(f"{unknown[0]}: unknown field; allowed: kind, name, description, "
                           f"inner, {kind}, run")
-    return _build(MethodExperimentConfig, {**data, "kind": kind, "method": method, "run": run},
+    return build_table(MethodExperimentConfig, {**data, "kind": kind, "method": method, "run": run},
                   "")

@@ -23,10 +23,9 @@ must divide its updates. The run writes the directory layout of :mod:`metarl.run
 with the guarantees of :mod:`metarl.runs` (one writer, atomic files, config change rules,
 damaged checkpoints skipped); ``metrics.jsonl`` has one line per segment (returns, every
 member's fitness and hyperparameters, the exploit step that followed), each checkpoint the
-whole population (states, hyperparameters, key, segment index) so that :func:`resume_pbt`
-continues bit for bit. :func:`run_pbt` starts a run, :func:`resume_pbt` continues one,
-:func:`load_pbt_run` reads one back, :func:`plot_pbt_run` draws it and
-:func:`evaluate_pbt_run` evaluates its final members.
+whole population (states, hyperparameters, key, segment index) so that a resumed run
+continues bit for bit. Start, continue and read runs back through :mod:`metarl.kinds`;
+:func:`plot_pbt_run` draws one and :func:`evaluate_pbt_run` evaluates its final members.
 """
 
 from __future__ import annotations
@@ -44,14 +43,12 @@ import numpy as np
 from metarl.config import (
     ConfigError,
     RunConfig,
-    _build,
-    _build_inner,
-    _coerce,
-    _plain,
-    apply_overrides,
+    build_table,
     default_inner_config,
     inner_to_dict,
-    read_config_data,
+    plain,
+    refuse_tables,
+    single_inner,
 )
 from metarl.population.pbt import (
     PBTConfig,
@@ -68,8 +65,8 @@ from metarl.runs.evaluations import digest, saved_evaluation
 KIND = "pbt"
 STEP_KEY = "segment"
 
-__all__ = ["PBTExperimentConfig", "PBTRunResult", "evaluate_pbt_run", "load_pbt_config",
-           "load_pbt_run", "pbt_config_from_dict", "plot_pbt_run", "resume_pbt", "run_pbt"]
+__all__ = ["RUN_KIND", "PBTExperimentConfig", "PBTRunResult", "evaluate_pbt_run",
+           "pbt_config_from_dict", "plot_pbt_run"]
 
 
 # --------------------------------------------------------------------------------------
@@ -141,7 +138,7 @@ class PBTExperimentConfig:
         pbt = {f.name: getattr(self.pbt, f.name) for f in dataclasses.fields(self.pbt)}
         pbt["priors"] = {name: dataclasses.asdict(prior)
                          for name, prior in sorted(self.pbt.priors.items())}
-        return _plain({"kind": KIND, "name": self.name, "description": self.description,
+        return plain({"kind": KIND, "name": self.name, "description": self.description,
                        "inner": inner_to_dict(self.inner), "pbt": pbt,
                        "run": dataclasses.asdict(self.run)})
 
@@ -161,23 +158,15 @@ def _hyperparameter_fields(inner) -> tuple[str, ...]:
 def _build_pbt(data: Any) -> PBTConfig:
     if not isinstance(data, dict):
         raise ConfigError(f"pbt: expected a table, got {data!r}")
-    data = dict(data)
-    priors = data.pop("priors", {})
+    priors = data.get("priors", {})
     if not isinstance(priors, dict):
         raise ConfigError(f"pbt.priors: expected a table of tables, got {priors!r}")
-    built = {name: _build(Prior, spec, f"pbt.priors.{name}") for name, spec in priors.items()}
-    names = [f.name for f in dataclasses.fields(PBTConfig)]
-    unknown = sorted(set(data) - set(names))
-    if unknown:
-        raise ConfigError(f"pbt.{unknown[0]}: unknown field; allowed: {', '.join(names)}")
-    hints = {"population_size": int, "segment_updates": int, "fitness_window": int,
-             "exploit_fraction": float, "explore": str, "perturb_factors": tuple[float, ...],
-             "reseed_copies": bool, "copy_buffer": bool}
-    kwargs = {name: _coerce(f"pbt.{name}", value, hints[name]) for name, value in data.items()}
+    built = {name: build_table(Prior, spec, f"pbt.priors.{name}")
+             for name, spec in priors.items()}
     try:
-        return PBTConfig(**kwargs, priors=built)
-    except ValueError as error:  # PBTConfig's messages already name pbt.<field>
-        raise ConfigError(str(error)) from None
+        return build_table(PBTConfig, {**data, "priors": built}, "pbt")
+    except ConfigError as error:  # PBTConfig's own messages already name pbt.<field>
+        raise ConfigError(str(error).replace("pbt.pbt.", "pbt.")) from None
 
 
 def pbt_config_from_dict(data: dict[str, Any]) -> PBTExperimentConfig:
@@ -187,40 +176,15 @@ def pbt_config_from_dict(data: dict[str, Any]) -> PBTExperimentConfig:
     kind = data.pop("kind", KIND)
     if kind != KIND:
         raise ConfigError(f"kind: expected {KIND!r} here, got {kind!r}")
+    refuse_tables(data, KIND, ("inner", "pbt"))
     kwargs: dict[str, Any] = {}
     if "pbt" in data:
         kwargs["pbt"] = _build_pbt(data.pop("pbt"))
     if "run" in data:
-        kwargs["run"] = _build(RunConfig, data.pop("run"), "run")
+        kwargs["run"] = build_table(RunConfig, data.pop("run"), "run")
     if "inner" in data:
-        inner = data.pop("inner")
-        if isinstance(inner, list):
-            if len(inner) != 1:
-                raise ConfigError(f"inner: a pbt experiment trains one algorithm on one "
-                                  f"environment; got {len(inner)} [[inner]] tables")
-            inner = inner[0]
-        kwargs["inner"] = _build_inner(inner, "inner")
-    for name in ("es", "fitness", "objective"):
-        if name in data:
-            raise ConfigError(f"{name}: a pbt experiment has no [{name}] table (it has "
-                              "[inner], [pbt] and [run])")
-    return _build(PBTExperimentConfig, {**data, **kwargs}, "")
-
-
-def load_pbt_config(path: str | Path, overrides: list[str] | None = None
-                    ) -> PBTExperimentConfig:
-    """Load, override (``--set`` style) and validate a pbt experiment file."""
-    return pbt_config_from_dict(apply_overrides(read_config_data(path), overrides or []))
-
-
-def normalized_config(data: dict[str, Any]) -> dict[str, Any]:
-    """A saved config with defaults filled in, so comparing two finds only real changes."""
-    return RUN_KIND.normalize(data)
-
-
-def read_pbt_config(run_dir: str | Path) -> PBTExperimentConfig:
-    """The validated config of the pbt run in ``run_dir``."""
-    return RUN_KIND.read_config(run_dir)
+        kwargs["inner"] = single_inner(data.pop("inner"), KIND)
+    return build_table(PBTExperimentConfig, {**data, **kwargs}, "")
 
 
 # --------------------------------------------------------------------------------------
@@ -316,7 +280,7 @@ class PBTProgram:
 
 @dataclass
 class PBTRunResult(SteppedRun):
-    """What :func:`run_pbt` / :func:`resume_pbt` / :func:`load_pbt_run` leave.
+    """What starting, continuing or reading back a pbt run leaves (:mod:`metarl.kinds`).
 
     Attributes:
         run_dir: the run directory.
@@ -340,41 +304,6 @@ class PBTRunResult(SteppedRun):
         return int(np.nanargmax(np.asarray(self.history[-1]["fitness"], np.float64)))
 
 
-def new_run_dir(config: PBTExperimentConfig) -> Path:
-    """A fresh directory ``<output_dir>/<name>-<timestamp>`` (suffixed if it exists)."""
-    return engine.new_run_dir(config)
-
-
-def run_pbt(config: PBTExperimentConfig, run_dir: str | Path | None = None,
-            mesh=None) -> PBTRunResult:
-    """Start a new pbt run of ``config`` in ``run_dir`` (a fresh directory by default).
-
-    Raises :class:`RunError` if the directory holds another run or another process is
-    writing it, and :class:`RunStopped` when the run stops itself.
-    """
-    return engine.start_run(RUN_KIND, config, run_dir, mesh)
-
-
-def resume_pbt(run_dir: str | Path, accept_config_change: bool = False,
-               mesh=None) -> PBTRunResult:
-    """Continue a pbt run from its newest usable checkpoint (:mod:`metarl.runs.resume`).
-
-    A run that never reached a checkpoint starts from the beginning; a finished run is
-    returned as it is. The budget cannot be extended: ``inner.total_timesteps`` sets the
-    members' schedules (learning-rate annealing, exploration, training progress), so a
-    longer run is another experiment; changing it is refused like any other change unless
-    ``accept_config_change``.
-    """
-    return engine.resume_run(RUN_KIND, run_dir, accept_config_change=accept_config_change,
-                             mesh=mesh)
-
-
-def load_pbt_run(run_dir: str | Path) -> PBTRunResult:
-    """Read a pbt run back (newest usable checkpoint, config and history) without running
-    or changing anything; damaged checkpoints are skipped with a warning."""
-    return engine.load_run(RUN_KIND, run_dir)
-
-
 # --------------------------------------------------------------------------------------
 # plots and evaluation
 
@@ -382,11 +311,13 @@ def load_pbt_run(run_dir: str | Path) -> PBTRunResult:
 def plot_pbt_run(run_dir: str | Path) -> list[Path]:
     """Write ``plots/pbt.png`` (every member's return and hyperparameter schedule, exploit
     events, the winning lineage) from ``metrics.jsonl``; returns the paths written."""
-    from metarl.plots import plot_pbt
+    from metarl.figures.population import plot_pbt
 
     def draw(config, history):
         algorithm = type(config.inner).__name__.removesuffix("Config")
-        return plot_pbt(history, steps_per_update=history[-1].get("steps_per_update"),
+        best = int(np.nanargmax(np.asarray(history[-1]["fitness"], np.float64)))
+        return plot_pbt(history, lineage(history, best),
+                        steps_per_update=history[-1].get("steps_per_update"),
                         title=f"{config.name}: PBT of {config.pbt.population_size} "
                               f"{algorithm} members on {config.inner.env_id}, "
                               f"{len(history)} segments")
@@ -405,7 +336,7 @@ def evaluate_pbt_run(run_dir: str | Path, eval_seed: int = 10_007,
     (same checkpoint, same seed) is reused unless ``rerun``.
     """
     run_dir = Path(run_dir)
-    run = load_pbt_run(run_dir)
+    run = engine.load_run(RUN_KIND, run_dir)
     learner = run.program.learner
     last = run.history[-1]
     segment = int(run.state["segment"])

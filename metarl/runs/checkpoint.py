@@ -3,7 +3,7 @@
 A checkpoint at step ``s`` (generations or segments completed) holds two items:
 
 - ``state``: the run's whole state pytree (for evolution the
-  :class:`~metarl.evolution.EvolutionState`), saved with ``StandardSave``;
+  :class:`~metarl.evolve.generation.EvolutionState`), saved with ``StandardSave``;
 - ``meta``: JSON with the resolved config, every step's summary line so far
   (``history``) and the events recorded in the run (``events``).
 

@@ -93,9 +93,9 @@ class RunKind:
         plot: ``run_dir -> [paths]``: draws the run into its ``plots/``.
         describe: ``line -> str``: a run's last ``metrics.jsonl`` line in a line, for the
             command line (:meth:`describe_run`).
-        evaluate: ``(run_dir, eval_seed, rerun) -> report`` (saved under ``evaluations/``);
-            ``None`` for a kind whose evaluation takes more (``evolve``:
-            :func:`metarl.evaluate.evaluate_run`).
+        evaluate: ``(run_dir, **options) -> report``, saved under ``evaluations/``; every
+            kind takes ``eval_seed`` and ``rerun``, and its own options besides (``evolve``:
+            :func:`metarl.evolve.evaluate.evaluate_run`).
         format_evaluation: ``report -> str``: the report as a table.
         score_key: the field of a step's line that ranks checkpoints (the best is kept).
         best_so_far_key: the field that holds the running best of ``score_key``.
@@ -116,8 +116,8 @@ class RunKind:
     result: type
     plot: Callable[[Path], list[Path]]
     describe: Callable[[dict[str, Any]], str]
-    evaluate: Callable[..., dict[str, Any]] | None = None
-    format_evaluation: Callable[[dict[str, Any]], str] | None = None
+    evaluate: Callable[..., dict[str, Any]]
+    format_evaluation: Callable[[dict[str, Any]], str]
     score_key: str = "best_return"
     best_so_far_key: str = "best_return_so_far"
     valid_key: str = "finite"
@@ -133,12 +133,7 @@ class RunKind:
 
     def read_config(self, run_dir: str | Path):
         """The validated config of the run in ``run_dir`` (its ``config.json``)."""
-        run_dir = Path(run_dir)
-        if not run_dir.is_dir():
-            raise RunError(f"run directory not found: {run_dir}")
-        if not (run_dir / CONFIG_FILE).is_file():
-            raise RunError(f"{run_dir} is not a metarl run: it has no {CONFIG_FILE}")
-        return self.from_dict(upgrade_saved_config(read_config_data(run_dir / CONFIG_FILE)))
+        return read_config(run_dir, self.from_dict)
 
     def describe_run(self, result: SteppedRun) -> str:
         """A finished run: its directory and, if it took a step, its last step."""
@@ -169,6 +164,18 @@ class RunKind:
             return self.from_dict(data).to_dict()
         except ConfigError:
             return data
+
+
+def read_config(run_dir: str | Path, from_dict: Callable[[dict[str, Any]], Any]):
+    """The validated config of the run in ``run_dir``: its ``config.json``, brought to
+    today's form (:func:`~metarl.config.upgrade_saved_config`) and built by ``from_dict``
+    (a :class:`~metarl.runs.layout.RunError` when the directory or its config is missing)."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise RunError(f"run directory not found: {run_dir}")
+    if not (run_dir / CONFIG_FILE).is_file():
+        raise RunError(f"{run_dir} is not a metarl run: it has no {CONFIG_FILE}")
+    return from_dict(upgrade_saved_config(read_config_data(run_dir / CONFIG_FILE)))
 
 
 @dataclass

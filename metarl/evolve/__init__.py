@@ -1,0 +1,15 @@
+"""Run kind "evolve": an evolution strategy (evosax) over the meta-parameters of a learned
+objective, each candidate scored by agents trained from scratch with it.
+
+One module per job, each importing only those listed before it:
+
+- :mod:`.config`: the experiment file's tables (objective, inner, es, fitness, run);
+- :mod:`.fitness`: training runs of candidates × seeds × environments -> one fitness each;
+- :mod:`.generation`: the jitted generation (ask, train, score, tell) and its state;
+- :mod:`.evaluate`: the evolved objective against baselines on held-out seeds;
+- :mod:`.report`: a run's figures (fitness, the learned loss, learning curves);
+- :mod:`.compare`: several runs side by side;
+- :mod:`.kind`: the run kind the engine runs (:mod:`metarl.runs.engine`).
+
+Start, continue, evaluate and draw runs through :mod:`metarl.kinds`.
+"""

@@ -1,0 +1,248 @@
+"""The experiment files of run kind "evolve": what is evolved, how, and how it is scored.
+
+An evolution experiment has five tables; every field is documented on its dataclass below:
+
+.. code-block:: toml
+
+    name = "value_distance_cartpole"
+    [objective]              # ObjectiveConfig: which learned loss to evolve
+    name = "value_distance"
+    [inner]                  # the inner loop: algorithm = "ppo" (default) and the fields of
+    env_id = "CartPole-v1"   # its config class, e.g. PPOConfig (use [[inner]] several
+                             # times for fitness over several environments)
+    [es]                     # ESConfig: the evolution strategy
+    [fitness]                # FitnessConfig: how training runs become a fitness
+    [run]                    # RunConfig (metarl.config): seeds, chunking, checkpoints, output
+
+Errors name the dotted path of the bad field (:class:`~metarl.config.ConfigError`). Checks
+that need the environment run when the learners are built
+(:class:`metarl.evolve.generation.Evolution`), and name the field too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from inner_loops.registry import algorithm_of
+from inner_loops.validation import (
+    check_choice,
+    check_finite,
+    check_in_range,
+    check_positive,
+    check_positive_int,
+)
+from metarl.config import (
+    ConfigError,
+    RunConfig,
+    build_inner,
+    build_table,
+    check_finite_numbers,
+    default_inner_config,
+    inner_to_dict,
+    plain,
+    refuse_tables,
+)
+
+STRATEGIES = ("Open_ES", "SNES", "CMA_ES", "Sep_CMA_ES", "PGPE")
+ANTITHETIC_STRATEGIES = ("Open_ES", "PGPE")
+FITNESS_SHAPINGS = ("centered_rank", "standardize", "raw")
+FITNESS_METRICS = ("final_return", "mean_return")
+
+
+@dataclass(frozen=True)
+class ObjectiveConfig:
+    """The learned objective whose meta-parameters are evolved.
+
+    Attributes:
+        name: a registered objective (``metarl.objectives.available_objectives()``), e.g.
+            ``value_distance``, ``lpo``, ``ta_lpo``.
+        options: keyword arguments of that objective's factory, e.g. ``hidden_sizes``.
+    """
+
+    name: str = "value_distance"
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self):
+        check_finite_numbers("objective.options", self.options)
+
+    def build(self):
+        """The :class:`~inner_loops.objective.Objective` this config names."""
+        from metarl.objectives import make_objective
+
+        try:
+            return make_objective(self.name, **self.options)
+        except ValueError as error:
+            raise ConfigError(f"objective: {error}") from error
+
+
+@dataclass(frozen=True)
+class ESConfig:
+    """The outer evolution strategy (evosax).
+
+    Attributes:
+        strategy: one of ``Open_ES`` (default), ``SNES``, ``CMA_ES``, ``Sep_CMA_ES``, ``PGPE``.
+        population_size: candidates per generation; even for ``Open_ES``/``PGPE``
+            (antithetic pairs).
+        generations: generations to run.
+        sigma: initial standard deviation of the search distribution (evosax's default of
+            1.0 is far too large for neural meta-parameters).
+        sigma_decay: multiplicative decay of ``sigma`` per generation (``Open_ES``).
+        sigma_min: floor of the decayed ``sigma`` (``Open_ES``).
+        learning_rate: Adam step size on the distribution mean (``Open_ES``, ``PGPE``,
+            ``SNES``).
+        learning_rate_decay: multiplicative decay of the learning rate per generation.
+        antithetic: mirrored sampling (``Open_ES`` only; ``PGPE`` always mirrors).
+        fitness_shaping: ``centered_rank`` (default), ``standardize`` or ``raw``; used by
+            ``Open_ES`` and ``PGPE`` (the others rank by construction).
+    """
+
+    strategy: str = "Open_ES"
+    population_size: int = 16
+    generations: int = 10
+    sigma: float = 0.03
+    sigma_decay: float = 0.999
+    sigma_min: float = 1e-3
+    learning_rate: float = 0.03
+    learning_rate_decay: float = 0.999
+    antithetic: bool = True
+    fitness_shaping: str = "centered_rank"
+
+    def __post_init__(self):
+        check_choice("es.strategy", self.strategy, STRATEGIES, ConfigError)
+        check_choice("es.fitness_shaping", self.fitness_shaping, FITNESS_SHAPINGS, ConfigError)
+        check_positive_int("es.population_size", self.population_size, ConfigError)
+        check_positive_int("es.generations", self.generations, ConfigError)
+        if self.strategy in ANTITHETIC_STRATEGIES and self.population_size % 2:
+            raise ConfigError(
+                f"es.population_size: {self.strategy} samples antithetic pairs, so the "
+                f"population must be even; got {self.population_size}"
+            )
+        if self.population_size < 2:
+            raise ConfigError("es.population_size: needs at least 2 candidates to rank")
+        for name in ("sigma", "learning_rate", "sigma_min"):
+            check_positive(f"es.{name}", getattr(self, name), ConfigError)
+        for name in ("sigma_decay", "learning_rate_decay"):
+            check_in_range(f"es.{name}", getattr(self, name), 0.0, 1.0, low_open=True,
+                           error=ConfigError)
+
+
+@dataclass(frozen=True)
+class FitnessConfig:
+    """How the training runs of a candidate become one fitness number (higher is better).
+
+    Attributes:
+        metric: ``mean_return`` (mean episode return over the whole run: area under the
+            learning curve) or ``final_return`` (mean over the last ``final_fraction`` of
+            updates).
+        final_fraction: share of the last updates averaged by ``final_return``.
+        seeds_per_candidate: agents trained from scratch per candidate and environment;
+            fitness averages over them.
+        common_seeds: all candidates of a generation use the same seeds (common random
+            numbers: less noise when ranking).
+        normalize_by_baseline: divide each environment's return by the absolute return of
+            standard PPO on it, so that no environment dominates a multi-environment
+            fitness. Baselines are measured once at the start unless given.
+        baseline_returns: known PPO returns per ``[[inner]]`` entry (skips measuring them).
+        baseline_seeds: seeds used to measure the baselines.
+    """
+
+    metric: str = "mean_return"
+    final_fraction: float = 0.1
+    seeds_per_candidate: int = 2
+    common_seeds: bool = True
+    normalize_by_baseline: bool = False
+    baseline_returns: tuple[float, ...] = ()
+    baseline_seeds: int = 4
+
+    def __post_init__(self):
+        check_choice("fitness.metric", self.metric, FITNESS_METRICS, ConfigError)
+        check_positive_int("fitness.seeds_per_candidate", self.seeds_per_candidate, ConfigError)
+        check_positive_int("fitness.baseline_seeds", self.baseline_seeds, ConfigError)
+        check_in_range("fitness.final_fraction", self.final_fraction, 0.0, 1.0, low_open=True,
+                       error=ConfigError)
+        object.__setattr__(self, "baseline_returns", tuple(
+            check_finite(f"fitness.baseline_returns[{i}]", b, ConfigError)
+            for i, b in enumerate(self.baseline_returns)))
+        if any(b == 0 for b in self.baseline_returns):
+            raise ConfigError("fitness.baseline_returns: a baseline of 0 cannot normalise")
+
+
+@dataclass(frozen=True)
+class ExperimentConfig:
+    """A whole meta-evolution experiment.
+
+    Attributes:
+        name: used for the run directory.
+        description: free text.
+        objective: see :class:`ObjectiveConfig`.
+        inner: one algorithm config (a registered config class, e.g.
+            :class:`~inner_loops.ppo.PPOConfig`) per environment of the fitness.
+        es: see :class:`ESConfig`.
+        fitness: see :class:`FitnessConfig`.
+        run: see :class:`RunConfig`.
+    """
+
+    name: str = "experiment"
+    description: str = ""
+    objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
+    inner: tuple[Any, ...] = field(default_factory=lambda: (default_inner_config(),))
+    es: ESConfig = field(default_factory=ESConfig)
+    fitness: FitnessConfig = field(default_factory=FitnessConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+
+    def __post_init__(self):
+        if not isinstance(self.inner, list | tuple):
+            object.__setattr__(self, "inner", (self.inner,))
+        object.__setattr__(self, "inner", tuple(self.inner))
+        if not self.inner:
+            raise ConfigError("inner: at least one environment is needed")
+        for entry in self.inner:
+            try:
+                algorithm_of(entry)
+            except ValueError as error:
+                raise ConfigError(f"inner: {error}") from None
+        env_ids = [cfg.env_id for cfg in self.inner]
+        if len(set(env_ids)) != len(env_ids):
+            raise ConfigError(f"inner: environments repeat: {env_ids}")
+        baselines = self.fitness.baseline_returns
+        if baselines and len(baselines) != len(self.inner):
+            raise ConfigError(
+                f"fitness.baseline_returns: {len(baselines)} values for "
+                f"{len(self.inner)} [[inner]] environments"
+            )
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-JSON form that :func:`config_from_dict` reads back to an equal config."""
+        data = dataclasses.asdict(self)
+        data["inner"] = [inner_to_dict(cfg) for cfg in self.inner]
+        return plain(data)
+
+    def replace(self, **changes) -> ExperimentConfig:
+        return dataclasses.replace(self, **changes)
+
+
+def config_from_dict(data: dict[str, Any]) -> ExperimentConfig:
+    """Build and validate an :class:`ExperimentConfig` from plain data."""
+    data = dict(data)
+    kind = data.pop("kind", "evolve")  # other kinds: metarl.kinds
+    if kind != "evolve":
+        raise ConfigError(f"kind: expected 'evolve' here, got {kind!r}")
+    refuse_tables(data, "evolve", ("objective", "es", "fitness", "inner"))
+    sections = {"objective": ObjectiveConfig, "es": ESConfig, "fitness": FitnessConfig,
+                "run": RunConfig}
+    kwargs: dict[str, Any] = {}
+    for name, cls in sections.items():
+        if name in data:
+            kwargs[name] = build_table(cls, data.pop(name), name)
+    if "inner" in data:
+        inner = data.pop("inner")
+        entries = [inner] if isinstance(inner, dict) else inner
+        if not isinstance(entries, list):
+            raise ConfigError(f"inner: expected a table or a list of tables, got {inner!r}")
+        kwargs["inner"] = tuple(
+            build_inner(entry, f"inner[{i}]" if len(entries) > 1 else "inner")
+            for i, entry in enumerate(entries)
+        )
+    return build_table(ExperimentConfig, {**data, **kwargs}, "")

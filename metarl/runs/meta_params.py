@@ -1,0 +1,80 @@
+"""Meta-parameter files of a run: the evolved parameters of a learned objective, kept beside
+the checkpoints so that evaluation, figures and comparisons read them without restoring a
+checkpoint.
+
+An evolution run keeps two (flax msgpack, written atomically after every generation)::
+
+    best_meta_params.msgpack   best candidate so far
+    mean_meta_params.msgpack   current centre of the search distribution
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import serialization
+
+from metarl.runs.layout import RunError, atomic_write
+
+BEST_FILE = "best_meta_params.msgpack"
+MEAN_FILE = "mean_meta_params.msgpack"
+CANDIDATE_FILES = {"mean": MEAN_FILE, "best": BEST_FILE}
+
+
+def save_meta_params(path: str | Path, meta_params) -> None:
+    """Write meta-parameters (a pytree of arrays) as flax msgpack, atomically."""
+    arrays = jax.tree.map(np.asarray, jax.device_get(meta_params))
+    atomic_write(Path(path), serialization.msgpack_serialize(
+        serialization.to_state_dict(arrays)
+    ))
+
+
+def load_meta_params(path: str | Path, template=None):
+    """Read meta-parameters written by :func:`save_meta_params`.
+
+    With a ``template`` (e.g. ``objective.init(key)``) the result has its exact structure;
+    without one, lists come back as dicts keyed ``"0"``, ``"1"``, ...
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise RunError(f"no meta-parameters file at {path}")
+    raw = serialization.msgpack_restore(path.read_bytes())
+    if template is None:
+        return raw
+    return serialization.from_state_dict(template, raw)
+
+
+def read_meta_params(path: str | Path, template: Any) -> Any:
+    """Meta-parameters from ``path`` as float32 arrays in ``template``'s structure, or a
+    :class:`~metarl.runs.layout.RunError` saying how they do not fit it."""
+    path = Path(path)
+    try:
+        params = load_meta_params(path, template)
+    except (TypeError, KeyError, ValueError):
+        # Files written before lists were stored as {"0": ...} dicts hold the lists as they
+        # were; their raw tree already has the template's structure.
+        params = load_meta_params(path)
+    expected, found = jax.tree.structure(template), jax.tree.structure(params)
+    if expected != found:
+        raise RunError(
+            f"{path} does not hold meta-parameters of this run's objective: "
+            f"expected {expected}, found {found}"
+        )
+    params = jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), params)
+    for want, got in zip(jax.tree.leaves(template), jax.tree.leaves(params), strict=True):
+        if np.shape(want) != np.shape(got):
+            raise RunError(f"{path}: a meta-parameter has shape {np.shape(got)}, the "
+                           f"objective's has {np.shape(want)}")
+    return params
+
+
+def read_candidates(run_dir: str | Path, template: Any) -> dict[str, Any]:
+    """``{"mean": params, "best": params}`` for the meta-parameter files ``run_dir`` has
+    (:func:`read_meta_params` of each)."""
+    run_dir = Path(run_dir)
+    return {which: read_meta_params(run_dir / filename, template)
+            for which, filename in CANDIDATE_FILES.items() if (run_dir / filename).is_file()}
