@@ -71,8 +71,8 @@ class MethodExperimentConfig:
         method = {f.name: getattr(self.method, f.name)
                   for f in dataclasses.fields(self.method) if f.name != "inner"}
         return plain({"kind": self.kind, "name": self.name, "description": self.description,
-                       "inner": inner_to_dict(self.method.inner), self.kind: method,
-                       "run": dataclasses.asdict(self.run)})
+                      "inner": inner_to_dict(self.method.inner), self.kind: method,
+                      "run": dataclasses.asdict(self.run)})
 
     def replace(self, **changes) -> MethodExperimentConfig:
         return dataclasses.replace(self, **changes)
@@ -103,5 +103,5 @@ def method_config_from_dict(kind: str, method_class: type, data: dict[str, Any]
     if unknown:
         raise ConfigError(f"{unknown[0]}: unknown field; allowed: kind, name, description, "
                           f"inner, {kind}, run")
-    return build_table(MethodExperimentConfig, {**data, "kind": kind, "method": method, "run": run},
-                  "")
+    return build_table(MethodExperimentConfig,
+                       {**data, "kind": kind, "method": method, "run": run}, "")

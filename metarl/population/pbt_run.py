@@ -139,8 +139,8 @@ class PBTExperimentConfig:
         pbt["priors"] = {name: dataclasses.asdict(prior)
                          for name, prior in sorted(self.pbt.priors.items())}
         return plain({"kind": KIND, "name": self.name, "description": self.description,
-                       "inner": inner_to_dict(self.inner), "pbt": pbt,
-                       "run": dataclasses.asdict(self.run)})
+                      "inner": inner_to_dict(self.inner), "pbt": pbt,
+                      "run": dataclasses.asdict(self.run)})
 
     def replace(self, **changes) -> PBTExperimentConfig:
         return dataclasses.replace(self, **changes)
