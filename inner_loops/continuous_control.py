@@ -408,18 +408,11 @@ def build_learner(config: ContinuousControlConfig, objective: Objective, vec_env
             # the warm-up's updates skip the gradient steps.
             nets, diagnostics = jax.lax.cond(learning, learn, skip, state, meta_params,
                                              hypers, learn_key)
-            mean_return = finished.mean_return(state.last_return)
-            mean_length = finished.mean_length(state.last_length)
-            summary = dict(diagnostics)
-            summary.update(
-                finite=jnp.all(jnp.isfinite(jnp.stack(list(diagnostics.values())))),
-                episode_return=mean_return,
-                episode_length=mean_length,
-                episodes=finished.count,
-                learning=learning,
-            )
-            state = state.replace(nets=nets, last_return=mean_return, last_length=mean_length,
-                                  key=key, update_count=state.update_count + 1)
+            summary = off_policy.update_metrics(diagnostics, finished, state.last_return,
+                                                state.last_length, learning)
+            state = state.replace(nets=nets, last_return=summary["episode_return"],
+                                  last_length=summary["episode_length"], key=key,
+                                  update_count=state.update_count + 1)
             return state, summary
 
         return jax.lax.scan(update, state, None, length=num_updates)

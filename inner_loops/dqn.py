@@ -399,21 +399,12 @@ def update(parts: DQNParts, meta_params, hypers: Hyperparams, state: DQNState, _
     (params, target_params, opt_state), diagnostics = jax.lax.cond(
         learning, functools.partial(learn, parts), functools.partial(skip_learning, parts),
         state, meta_params, hypers, learn_key)
-    mean_return = finished.mean_return(state.last_return)
-    mean_length = finished.mean_length(state.last_length)
-    summary = dict(diagnostics)
-    summary.update(
-        finite=jnp.all(jnp.isfinite(jnp.stack(list(diagnostics.values())))),
-        episode_return=mean_return,
-        episode_length=mean_length,
-        episodes=finished.count,
-        epsilon=epsilon,
-        learning=learning,
-    )
+    summary = off_policy.update_metrics(diagnostics, finished, state.last_return,
+                                        state.last_length, learning, epsilon=epsilon)
     state = state.replace(
         params=params, target_params=target_params, opt_state=opt_state,
-        last_return=mean_return, last_length=mean_length, key=key,
-        update_count=state.update_count + 1,
+        last_return=summary["episode_return"], last_length=summary["episode_length"],
+        key=key, update_count=state.update_count + 1,
     )
     return state, summary
 

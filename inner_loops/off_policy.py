@@ -143,6 +143,21 @@ class EpisodeSummary(NamedTuple):
                          previous)
 
 
+def update_metrics(diagnostics: dict[str, jax.Array], finished: EpisodeSummary,
+                   last_return: jax.Array, last_length: jax.Array, learning: jax.Array,
+                   **extra: jax.Array) -> dict[str, jax.Array]:
+    """The metrics of one off-policy update: the learning step's ``diagnostics`` (``[]``
+    each), ``finite`` (all of them finite), the episodes finished during the update
+    (``episode_return`` and ``episode_length``: their means, or ``last_return`` /
+    ``last_length`` when none finished; ``episodes``: how many), ``learning`` (whether the
+    update took gradient steps) and the algorithm's ``extra`` metrics."""
+    return {**diagnostics,
+            "finite": jnp.all(jnp.isfinite(jnp.stack(list(diagnostics.values())))),
+            "episode_return": finished.mean_return(last_return),
+            "episode_length": finished.mean_length(last_length),
+            "episodes": finished.count, **extra, "learning": learning}
+
+
 @struct.dataclass
 class Actors:
     """The acting side of an off-policy agent: ``N`` environments mid-episode.

@@ -35,7 +35,7 @@ from inner_loops.validation import (
     check_positive_int,
 )
 
-TRACKERS = ("tensorboard", "wandb")  # the values of run.trackers (metarl.trackers)
+TRACKERS = ("tensorboard", "wandb")  # the values of run.trackers (metarl.runs.trackers)
 # Every table any kind's experiment file may have, so that a kind can name the tables it
 # lacks (refuse_tables) instead of calling them unknown fields.
 KIND_TABLES = ("objective", "es", "fitness", "pbt", "cem_rl", "dvd")
@@ -69,7 +69,7 @@ class RunConfig:
         progress: show a progress bar.
         trackers: experiment trackers that receive every generation's metrics and, at the
             end, the run's figures: ``"tensorboard"`` and/or ``"wandb"`` (offline unless
-            ``WANDB_MODE`` says otherwise), each an optional extra (:mod:`metarl.trackers`).
+            ``WANDB_MODE`` says otherwise), each an optional extra (:mod:`metarl.runs.trackers`).
             Default: none. May change when a run is resumed.
     """
 

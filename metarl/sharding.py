@@ -57,10 +57,10 @@ def use_cpu_cores(count: int | None = None) -> int:
     Importing metarl changes nothing; the ``metarl`` command calls this before it runs
     (``--cpu-devices``), and a script or notebook calls it (as ``metarl.use_cpu_cores()``)
     before JAX's first computation to shard its populations over every core (JAX raises
-    ``RuntimeError`` once it has started). A count the user already chose is kept: ``JAX_NUM_CPU_DEVICES``, XLA's
-    ``--xla_force_host_platform_device_count``, or, when ``count`` is not given,
-    ``jax.config.update("jax_num_cpu_devices", n)``. Accelerator backends are not
-    affected. Returns the number of CPU devices JAX will expose.
+    ``RuntimeError`` once it has started). A count the user already chose is kept:
+    ``JAX_NUM_CPU_DEVICES``, XLA's ``--xla_force_host_platform_device_count``, or, when
+    ``count`` is not given, ``jax.config.update("jax_num_cpu_devices", n)``. Accelerator
+    backends are not affected. Returns the number of CPU devices JAX will expose.
     """
     chosen = os.environ.get("JAX_NUM_CPU_DEVICES")
     if chosen:

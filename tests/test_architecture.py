@@ -154,7 +154,7 @@ LAYERS = (
     ("metarl.figures",),
     ("metarl", "metarl.config", "metarl.sharding", "metarl.distributed", "metarl.stats"),
     ("metarl.objectives",),
-    ("metarl.runs", "metarl.trackers"),
+    ("metarl.runs",),
     ("metarl.evolve", "metarl.population", "metarl.sweep", "metarl.kinds"),
     ("metarl.cli", "metarl.__main__"),
 )

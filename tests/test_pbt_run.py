@@ -307,13 +307,13 @@ def test_a_run_that_never_reached_a_checkpoint_starts_again_from_the_beginning(
 
 
 def test_every_segment_reaches_the_run_configs_trackers(tiny_file, tmp_path, monkeypatch):
-    import metarl.trackers
+    import metarl.runs.trackers
 
     logged, figures, closed = [], [], []
 
     class Recorder:
         def log(self, step, metrics):
-            logged.append((step, metarl.trackers.scalars(metrics)))
+            logged.append((step, metarl.runs.trackers.scalars(metrics)))
 
         def log_figure(self, step, tag, path):
             figures.append((step, tag, path.name))
@@ -321,7 +321,7 @@ def test_every_segment_reaches_the_run_configs_trackers(tiny_file, tmp_path, mon
         def close(self):
             closed.append(True)
 
-    monkeypatch.setattr(metarl.trackers, "open_trackers",
+    monkeypatch.setattr(metarl.runs.trackers, "open_trackers",
                         lambda names, run_dir, name, config: [Recorder() for _ in names])
     config = load_experiment(tiny_file)
     # run.trackers (the field the run config gains for evolution runs), set by hand here

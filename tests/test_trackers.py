@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from matplotlib.figure import Figure
 
-from metarl import trackers
-from metarl.trackers import TrackerError, check_trackers, open_trackers, scalars
+from metarl.runs import trackers
+from metarl.runs.trackers import TrackerError, check_trackers, open_trackers, scalars
 
 METRICS = [
     {"generation": 1, "fitness": [1.0, 3.0, float("nan")], "mean_fitness": 2.0,

@@ -12,8 +12,10 @@ One module per job:
 - :mod:`~metarl.runs.start`: a new run's directory, created and locked the same way for
   every run kind;
 - :mod:`~metarl.runs.resume`: the rules by which a run continues;
+- :mod:`~metarl.runs.meta_params`: the meta-parameter files beside the checkpoints;
 - :mod:`~metarl.runs.evaluations`: evaluations that accumulate instead of replacing each
   other;
+- :mod:`~metarl.runs.trackers`: a run's metrics and figures sent to TensorBoard or W&B;
 - :mod:`~metarl.runs.listing`: ``metarl runs``;
 - :mod:`~metarl.runs.engine`: the loop every kind runs on (steps, metrics, checkpoints,
   trackers, the stop after invalid steps), its start, resume and read-back.

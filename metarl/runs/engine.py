@@ -234,7 +234,7 @@ def _train(kind: RunKind, program, state, run_dir: Path, history: list[dict],
     ``run.checkpoint_every`` steps and at the end."""
     from tqdm.auto import tqdm
 
-    from metarl.trackers import RunTrackers
+    from metarl.runs.trackers import RunTrackers
 
     config = program.config
     until = program.steps
@@ -273,7 +273,7 @@ def _train(kind: RunKind, program, state, run_dir: Path, history: list[dict],
                     stopped = step
                 if primary:
                     write_metrics(run_dir, history, events, step_key=kind.step_key)
-                trackers.log(step, line)  # it keeps the numbers (metarl.trackers.scalars)
+                trackers.log(step, line)  # it keeps the numbers (metarl.runs.trackers.scalars)
                 if after_step is not None:
                     after_step(run_dir, state, primary)
                 # every process calls save: orbax synchronises them and process 0 writes
@@ -323,7 +323,7 @@ def start_run(kind: RunKind, config, run_dir: str | Path | None = None, mesh=Non
     another process is writing it (or a tracker of ``run.trackers`` is not installed), and
     :class:`~metarl.runs.layout.RunStopped` when the run stops itself.
     """
-    from metarl.trackers import check_trackers
+    from metarl.runs.trackers import check_trackers
 
     run_dir = Path(run_dir) if run_dir is not None else new_run_dir(config)
     run_dir = Path(distributed.agree(str(run_dir)))  # process 0's clock names the directory
@@ -385,7 +385,7 @@ def resume_run(kind: RunKind, run_dir: str | Path, steps: int | None = None,
     checkpoint has been restored; damaged checkpoints are moved to
     ``damaged-checkpoints/``.
     """
-    from metarl.trackers import check_trackers
+    from metarl.runs.trackers import check_trackers
 
     run_dir = Path(run_dir)
     config = kind.read_config(run_dir)  # a missing directory or config, before locking

@@ -28,9 +28,9 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
+from metarl.config import TRACKERS
 from metarl.runs.layout import RunError
 
-TRACKERS = ("tensorboard", "wandb")
 EXTRAS = {"tensorboard": ("tensorboardX", "tensorboard"), "wandb": ("wandb", "wandb")}
 
 
