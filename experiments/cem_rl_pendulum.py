@@ -39,17 +39,23 @@ import metarl
 from inner_loops.td3 import TD3Config, build
 from metarl.figures.population import plot_cem_rl
 from metarl.population.cem_rl import CEMRLConfig, generation_record, make_cem_rl
-from metarl.stats import bootstrap_ci
+from metarl.stats import aggregate
 
 FIRST_SEED = 1000  # held out: development used seeds 0-9
 EVAL_EPISODES = 20
 EPISODE_STEPS = 200
 
 
+def _interval(values) -> tuple[float, float]:
+    """The 95% bootstrap interval of the mean of ``values [S]``."""
+    mean = aggregate(values, "mean")
+    return mean.low, mean.high
+
+
 def summary(values) -> dict:
     values = np.asarray(values, np.float64)
-    low, high = bootstrap_ci(values)
-    return {"mean": float(values.mean()), "ci95": [low, high],
+    mean = aggregate(values, "mean")
+    return {"mean": float(values.mean()), "ci95": [mean.low, mean.high],
             "per_seed": [round(float(v), 1) for v in values]}
 
 
@@ -96,7 +102,7 @@ def plot_curves(steps_td3, td3, steps_cem, cem) -> Figure:
     for steps, curves, label, colour in ((steps_td3, td3, "TD3", "C0"),
                                          (steps_cem, cem, "CEM-RL (mean actor)", "C3")):
         mean = curves.mean(axis=0)
-        bands = np.array([bootstrap_ci(curves[:, i]) for i in range(curves.shape[1])])
+        bands = np.array([_interval(curves[:, i]) for i in range(curves.shape[1])])
         ax.plot(steps, mean, color=colour, label=f"{label}, mean of {curves.shape[0]} seeds")
         ax.fill_between(steps, bands[:, 0], bands[:, 1], color=colour, alpha=0.2)
     ax.set_xlabel("environment steps")
@@ -136,7 +142,7 @@ def main() -> None:
     cem_steps = np.arange(1, args.generations + 1) * per_generation
     final_td3, final_cem = td3_curve[:, -1], cem_curve[:, -1]
     difference = final_cem - final_td3
-    low, high = bootstrap_ci(difference)
+    low, high = _interval(difference)
     report = {
         "env": "Pendulum-v1",
         "environment_steps": steps,

@@ -39,7 +39,7 @@ import metarl
 from inner_loops.td3 import TD3Config
 from metarl.figures.population import plot_dvd
 from metarl.population.dvd import DvDConfig, make_dvd, segment_record
-from metarl.stats import bootstrap_ci
+from metarl.stats import aggregate
 
 FIRST_SEED = 1000  # held out: development used seeds 0-9
 EVAL_EPISODES = 20
@@ -71,13 +71,13 @@ def probe_states(env, key: jax.Array, count: int) -> jax.Array:
 
 def summary(values, baseline=None) -> dict:
     values = np.asarray(values, np.float64)
-    low, high = bootstrap_ci(values)
-    out = {"mean": float(values.mean()), "ci95": [low, high],
+    mean = aggregate(values, "mean")
+    out = {"mean": float(values.mean()), "ci95": [mean.low, mean.high],
            "per_seed": [round(float(v), 3) for v in values]}
     if baseline is not None:
         difference = values - np.asarray(baseline, np.float64)
-        low, high = bootstrap_ci(difference)
-        out["minus_none"] = {"mean": float(difference.mean()), "ci95": [low, high]}
+        mean = aggregate(difference, "mean")
+        out["minus_none"] = {"mean": float(difference.mean()), "ci95": [mean.low, mean.high]}
     return out
 
 

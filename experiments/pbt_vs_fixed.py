@@ -56,7 +56,7 @@ import metarl
 from inner_loops.registry import make_learner
 from metarl.kinds import config_kind, load_experiment
 from metarl.population.pbt import PBTConfig, initial_population, make_segment
-from metarl.stats import bootstrap_ci
+from metarl.stats import aggregate
 
 FIRST_SEED = 1000  # held out: the experiment files and their development used seeds 0-9
 EVAL_SEED = 10_007  # the evaluation keys of `metarl evaluate`
@@ -67,11 +67,17 @@ THRESHOLDS = {"CartPole-v1": 475.0, "Pendulum-v1": -200.0}
 # statistics
 
 
+def _interval(values) -> tuple[float, float]:
+    """The 95% bootstrap interval of the mean of ``values [S]``."""
+    mean = aggregate(values, "mean")
+    return mean.low, mean.high
+
+
 def summary(values) -> dict:
     """Mean over seeds with its 95% bootstrap interval, and the per-seed values."""
     values = np.asarray(values, np.float64)
-    low, high = bootstrap_ci(values)
-    return {"mean": float(values.mean()), "ci95": [low, high],
+    mean = aggregate(values, "mean")
+    return {"mean": float(values.mean()), "ci95": [mean.low, mean.high],
             "per_seed": [round(float(v), 2) for v in values]}
 
 
@@ -81,8 +87,8 @@ def paired(a, b) -> dict:
     above, equal to or below ``b``."""
     a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
     difference = a - b
-    low, high = bootstrap_ci(difference)
-    return {"mean": float(difference.mean()), "ci95": [low, high],
+    mean = aggregate(difference, "mean")
+    return {"mean": float(difference.mean()), "ci95": [mean.low, mean.high],
             "per_seed": [round(float(v), 2) for v in difference],
             "seeds_above": int((difference > 0).sum()),
             "seeds_equal": int((difference == 0).sum()),
@@ -180,7 +186,7 @@ def plot_curves(steps, arms: dict[str, dict], title: str) -> Figure:
             ax.plot(steps, mean, style, color=colour,
                     label=f"{name}: population {what}, mean of {seeds} seeds")
             if what == "median":
-                bands = np.array([bootstrap_ci(curves[:, g]) for g in range(curves.shape[1])])
+                bands = np.array([_interval(curves[:, g]) for g in range(curves.shape[1])])
                 ax.fill_between(steps, bands[:, 0], bands[:, 1], color=colour, alpha=0.15)
     ax.set_xlabel("environment steps per member")
     ax.set_ylabel("training return (last updates of each segment)")

@@ -59,9 +59,12 @@ def _report(result, no_plots: bool) -> int:
     return 0
 
 
+DEFAULT_TUNE_SEED = 20_011  # metarl.evolve.tuning.DEFAULT_TUNE_SEED (not imported: JAX)
 EVOLVE_ONLY_OPTIONS = (  # (flag, keyword of evaluate_run, default on the command line)
     ("--env", "env_ids", []), ("--seeds", "seeds", 16), ("--baselines", "baselines", None),
-    ("--which", "which", "mean"), ("--total-timesteps", "total_timesteps", None))
+    ("--which", "which", "mean"), ("--total-timesteps", "total_timesteps", None),
+    ("--tune", "tune", False), ("--tune-seeds", "tune_seeds", 8),
+    ("--tune-seed", "tune_seed", DEFAULT_TUNE_SEED), ("--tune-grid", "tune_grid", []))
 
 
 def _evaluate(args) -> int:
@@ -79,6 +82,15 @@ def _evaluate(args) -> int:
     options.update(given.values())
     if options.get("baselines"):
         options["baselines"] = options["baselines"].split(",")
+    if options.get("tune_grid"):
+        from metarl.sweep import parse_grid
+
+        axes = [parse_grid(text, "--tune-grid") for text in options["tune_grid"]]
+        options["tune_grid"] = {axis.name: list(axis.values) for axis in axes}
+        if len(options["tune_grid"]) != len(axes):
+            from metarl.config import ConfigError
+
+            raise ConfigError("--tune-grid: a knob is given twice")
     report = evaluate(args.run_dir, **options)
     print(format_evaluation(args.run_dir, report))
     if report.get("reused"):
@@ -106,14 +118,20 @@ def _runs(args) -> int:
 def _compare(args) -> int:
     from datetime import datetime
 
-    from metarl.evolve.compare import compare_runs, format_comparison, save_comparison
+    from metarl.evolve.compare import (
+        compare_runs,
+        format_comparison,
+        pooled_verdicts,
+        save_comparison,
+    )
 
     comparison = compare_runs(args.run_dirs)
-    print(format_comparison(comparison))
+    pooled = pooled_verdicts(comparison)  # computed once for the table and the figures
+    print(format_comparison(comparison, pooled))
     if not args.no_plots:
         out = args.out or Path(args.run_dirs[0]).parent / (
             f"compare-{datetime.now():%Y%m%d-%H%M%S}")
-        written = save_comparison(comparison, out)
+        written = save_comparison(comparison, out, pooled)
         print(f"saved {', '.join(str(path) for path in written)}")
     return 0
 
@@ -237,6 +255,20 @@ def _add_reading_commands(commands) -> None:
     evaluate.add_argument("--rerun", action="store_true",
                           help="compute an evaluation that was made before again, replacing "
                                "its record (by default it is reused)")
+    evaluate.add_argument("--tune", action="store_true",
+                          help="first tune every objective over its declared grid on tuning "
+                               "seeds (the evolved objective over the shared knobs, with the "
+                               "same budget), then also evaluate each at its chosen setting: "
+                               "rows '<objective> (tuned)'")
+    evaluate.add_argument("--tune-seeds", type=int, default=8,
+                          help="tuning seeds per setting (default 8, at least 2)")
+    evaluate.add_argument("--tune-seed", type=int, default=DEFAULT_TUNE_SEED,
+                          help=f"root of the tuning key stream (default {DEFAULT_TUNE_SEED}; "
+                               "not --eval-seed, run.seed or run.seed + 1)")
+    evaluate.add_argument("--tune-grid", action="append", default=[], metavar="KNOB=V1,V2,...",
+                          help="replace a knob's grid for every objective that declares it, "
+                               "e.g. --tune-grid vf_coef=0.01,0.1,1 or learning_rate=0.5,1,2 "
+                               "(multiples of the run's learning rate); repeatable")
     evaluate.set_defaults(handler=_evaluate)
 
     plot = commands.add_parser("plot", help="draw the learned objective and the run as PNGs")

@@ -18,6 +18,7 @@ Each kind describes itself with a :class:`~metarl.runs.engine.RunKind` (its modu
     result = start(load_experiment("experiments/value_distance_cartpole.toml"))
     resume(result.run_dir, generations=20)      # evolution runs may extend their budget
     report = evaluate(result.run_dir, seeds=8)  # options as the kind's evaluate takes them
+    tuned = evaluate(result.run_dir, tune=True)  # baselines tuned first (evolution runs)
     plot(result.run_dir)
 
 Importing this module starts no JAX computation.
@@ -120,12 +121,17 @@ def evaluate(run_dir: str | Path, **options) -> dict[str, Any]:
     ``evaluations/`` (an identical evaluation made before is reused unless
     ``rerun=True``). Every kind takes ``eval_seed`` and ``rerun``; an evolution run also
     takes the options of :func:`metarl.evolve.evaluate.evaluate_run` (``seeds``,
-    ``baselines``, ``which``, ...). An option the kind does not take is a
-    :class:`~metarl.config.ConfigError` naming it."""
+    ``baselines``, ``which``, ``tune``, ``tune_seeds``, ...). An option the kind does not
+    take is a :class:`~metarl.config.ConfigError` naming it."""
     spec = kind_spec(run_kind(run_dir))
     accepted = [name for name in inspect.signature(spec.evaluate).parameters
                 if name != "run_dir"]
     unknown = sorted(set(options) - set(accepted))
+    tuning = [name for name in unknown if name.startswith("tune")]
+    if tuning:
+        raise ConfigError(f"{', '.join(tuning)}: a {spec.name} run cannot be tuned: tuning "
+                          "searches the settings of the objectives an evolved objective is "
+                          "compared with, so only evolution runs take it")
     if unknown:
         raise ConfigError(f"{', '.join(unknown)}: not an evaluation option of a {spec.name} "
                           f"run; it takes {', '.join(accepted)}")

@@ -29,7 +29,7 @@ from metarl.config import ConfigError
 from metarl.evolve.config import ExperimentConfig
 from metarl.evolve.fitness import run_is_valid, run_return
 from metarl.evolve.generation import build_learner
-from metarl.stats import bootstrap_ci
+from metarl.stats import aggregate
 
 SWEEP_FILE = "sweep.json"
 FIELD_PREFIX = "inner."
@@ -43,11 +43,11 @@ class GridAxis:
     values: tuple[float, ...]
 
 
-def parse_grid(text: str) -> GridAxis:
+def parse_grid(text: str, flag: str = "--grid") -> GridAxis:
     """``"inner.learning_rate=1e-4,3e-4,1e-3"`` -> :class:`GridAxis` (values parsed as TOML
-    numbers; the ``inner.`` prefix is optional)."""
+    numbers; the ``inner.`` prefix is optional). Errors name ``flag``."""
     if "=" not in text:
-        raise ConfigError(f"--grid {text!r}: expected FIELD=VALUE,VALUE,...")
+        raise ConfigError(f"{flag} {text!r}: expected FIELD=VALUE,VALUE,...")
     field, _, listed = text.partition("=")
     name = field.strip().removeprefix(FIELD_PREFIX)
     values = []
@@ -57,10 +57,10 @@ def parse_grid(text: str) -> GridAxis:
         except tomllib.TOMLDecodeError:
             value = part.strip()
         if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ConfigError(f"--grid {field.strip()}: {part.strip()!r} is not a number")
+            raise ConfigError(f"{flag} {field.strip()}: {part.strip()!r} is not a number")
         values.append(float(value))
     if not values or len(set(values)) != len(values):
-        raise ConfigError(f"--grid {field.strip()}: give distinct values, got {listed!r}")
+        raise ConfigError(f"{flag} {field.strip()}: give distinct values, got {listed!r}")
     return GridAxis(name, tuple(values))
 
 
@@ -89,13 +89,19 @@ def check_grid(inner: Any, learner, grid: list[GridAxis]) -> None:
                 raise ConfigError(f"--grid {FIELD_PREFIX}{error}") from None
 
 
-def sweep_population(learner, grid: list[GridAxis], seeds: int, seed: int = 0):
+def sweep_population(learner, grid: list[GridAxis], seeds: int, seed: int = 0,
+                     options: tuple[str, ...] = ()):
     """``(settings, keys [P, 2], hypers [P])`` of a sweep: member ``c * seeds + s`` trains
-    combination ``settings[c]`` with seed ``s``; every combination sees the same seeds."""
+    combination ``settings[c]`` with seed ``s``; every combination sees the same seeds.
+
+    Axes named in ``options`` are no hyperparameters (an objective's traced options, see
+    :class:`metarl.objectives.registry.Tunable`): they are in ``settings`` and left out of
+    ``hypers``; the caller passes them in the meta-parameters."""
     settings = [dict(zip([a.name for a in grid], values, strict=True))
                 for values in itertools.product(*[a.values for a in grid])]
     hypers = stack_hyperparams([
-        learner.default_hypers._replace(**{k: jnp.float32(v) for k, v in setting.items()})
+        learner.default_hypers._replace(**{k: jnp.float32(v) for k, v in setting.items()
+                                           if k not in options})
         for setting in settings for _ in range(seeds)])
     keys = jnp.concatenate([jax.random.split(jax.random.PRNGKey(seed), seeds)] * len(settings))
     return settings, keys, hypers
@@ -108,7 +114,8 @@ class SweepResult:
     Attributes:
         setting: hyperparameter name -> value.
         returns: ``[S]`` score of each seed (the experiment's fitness metric).
-        mean, ci_low, ci_high: mean over valid seeds and its 95% bootstrap interval.
+        mean, ci_low, ci_high: mean over valid seeds and its 95% bootstrap interval
+            (:func:`metarl.stats.aggregate`).
         invalid: seeds whose training produced NaN or inf.
         curves: ``[S, U]`` episode return after every update (None before the first).
     """
@@ -136,34 +143,10 @@ def run_sweep(config: ExperimentConfig, grid: list[GridAxis], seeds: int,
     check_grid(inner, learner, grid)
     settings, keys, hypers = sweep_population(learner, grid, seeds, seed)
     members = len(settings) * seeds
-
-    from metarl import sharding
-
-    def train(keys, hypers):
-        metrics = sharding.train_population(learner.train, keys, None, hypers, chunk_size, mesh)
-        returns = run_return(metrics, config.fitness)
-        return metrics["episode_return"], returns, run_is_valid(metrics, returns)
-
-    started = time.perf_counter()
-    compiled = jax.jit(train).lower(keys, hypers).compile()
-    compile_seconds = time.perf_counter() - started
-    started = time.perf_counter()
-    curves, returns, valid = jax.device_get(compiled(keys, hypers))
-    train_seconds = time.perf_counter() - started
-
-    results = []
-    for index, setting in enumerate(settings):
-        rows = slice(index * seeds, (index + 1) * seeds)
-        scores, ok = np.asarray(returns[rows], np.float64), np.asarray(valid[rows], bool)
-        low, high = bootstrap_ci(scores[ok]) if ok.any() else (math.nan, math.nan)
-        results.append(SweepResult(
-            setting=setting,
-            returns=[float(r) for r in scores],
-            mean=float(np.mean(scores[ok])) if ok.any() else math.nan,
-            ci_low=low, ci_high=high, invalid=int((~ok).sum()),
-            curves=[[None if np.isnan(v) else float(v) for v in row]
-                    for row in np.asarray(curves[rows], np.float64)],
-        ))
+    trained = train_sweep(learner, keys, hypers, config.fitness, chunk_size=chunk_size,
+                          mesh=mesh)
+    compile_seconds, train_seconds = trained["compile_seconds"], trained["train_seconds"]
+    results = summarise_sweep(settings, seeds, trained)
     return {
         "experiment": config.name,
         "algorithm": learner.algorithm,
@@ -180,6 +163,64 @@ def run_sweep(config: ExperimentConfig, grid: list[GridAxis], seeds: int,
         "train_seconds": round(train_seconds, 2),
         "results": [dataclasses.asdict(r) for r in results],
     }
+
+
+def train_sweep(learner, keys, hypers, fitness, meta_params=None, chunk_size="auto",
+                mesh=None) -> dict[str, Any]:
+    """Train the members of a sweep (:func:`sweep_population`) as one jitted program
+    (chunked, and sharded over ``mesh``) and score them by ``fitness``'s metric.
+
+    Args:
+        learner: the learner every member trains with.
+        keys: ``[P, 2]`` PRNG keys.
+        hypers: the learner's hyperparameters as ``[P]`` arrays.
+        fitness: a :class:`~metarl.evolve.config.FitnessConfig` (metric, final fraction).
+        meta_params: ``None`` (the objective's own) or meta-parameters with a leading
+            ``[P]`` axis.
+        chunk_size, mesh: as :func:`metarl.sharding.train_population` takes them.
+
+    Returns ``{"curves": [P, U], "returns": [P], "valid": [P]}`` as NumPy arrays, with
+    ``compile_seconds`` and ``train_seconds``. The jitted function is named
+    ``sweep_program`` (what a count of compilations sees).
+    """
+    from metarl import sharding
+
+    def sweep_program(keys, meta_params, hypers):
+        metrics = sharding.train_population(learner.train, keys, meta_params, hypers,
+                                            chunk_size, mesh)
+        returns = run_return(metrics, fitness)
+        return metrics["episode_return"], returns, run_is_valid(metrics, returns)
+
+    started = time.perf_counter()
+    compiled = jax.jit(sweep_program).lower(keys, meta_params, hypers).compile()
+    compile_seconds = time.perf_counter() - started
+    started = time.perf_counter()
+    curves, returns, valid = jax.device_get(compiled(keys, meta_params, hypers))
+    train_seconds = time.perf_counter() - started
+    return {"curves": np.asarray(curves, np.float64), "returns": np.asarray(returns, np.float64),
+            "valid": np.asarray(valid, bool), "compile_seconds": round(compile_seconds, 2),
+            "train_seconds": round(train_seconds, 2)}
+
+
+def summarise_sweep(settings: list[dict[str, float]], seeds: int,
+                    trained: dict[str, Any]) -> list[SweepResult]:
+    """One :class:`SweepResult` per setting from :func:`train_sweep`'s arrays (member
+    ``c * seeds + s`` is setting ``c``, seed ``s``)."""
+    curves, returns, valid = trained["curves"], trained["returns"], trained["valid"]
+    results = []
+    for index, setting in enumerate(settings):
+        rows = slice(index * seeds, (index + 1) * seeds)
+        scores, ok = returns[rows], valid[rows]
+        estimate = aggregate(scores[ok], "mean")
+        low, high = estimate.low, estimate.high
+        results.append(SweepResult(
+            setting=setting,
+            returns=[float(r) for r in scores],
+            mean=float(np.mean(scores[ok])) if ok.any() else math.nan,
+            ci_low=low, ci_high=high, invalid=int((~ok).sum()),
+            curves=[[None if np.isnan(v) else float(v) for v in row] for row in curves[rows]],
+        ))
+    return results
 
 
 def format_sweep(report: dict[str, Any]) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 
 import jax
+import numpy as np
 import pytest
 
 from metarl import cli
@@ -17,12 +18,14 @@ from metarl.evolve.compare import (
     flatten,
     format_comparison,
     plot_comparison,
+    pooled_verdicts,
     verdicts,
 )
 from metarl.evolve.config import config_from_dict
 from metarl.runs.evaluations import save_record
 from metarl.runs.layout import CONFIG_FILE, METRICS_FILE, RunError
 from metarl.runs.meta_params import MEAN_FILE, save_meta_params
+from metarl.stats import aggregate
 
 
 def write_run(path, sigma, seed, objective="value_distance", fitness=(1.0, 2.0, 3.0)):
@@ -92,41 +95,148 @@ def test_the_command_line_prints_and_saves(runs, tmp_path, capsys):
     assert "missing" in capsys.readouterr().err
 
 
-def write_evaluation(run_dir, rows):
-    """An evaluation record holding ``(env, objective, mean, ci_low, ci_high)`` rows."""
-    results = [{"env_id": env, "objective": objective, "mean": mean, "ci_low": low,
-                "ci_high": high, "returns": [], "invalid": 0, "curves": []}
-               for env, objective, mean, low, high in rows]
+def write_evaluation(run_dir, rows, eval_seed=10_007):
+    """An evaluation record holding ``(env, objective, per-seed returns)`` rows, each with
+    its mean and interval as ``metarl evaluate`` saves them."""
+    results = []
+    for env, objective, returns in rows:
+        mean = aggregate(returns, "mean", resamples=200)
+        results.append({"env_id": env, "objective": objective, "returns": list(returns),
+                        "mean": mean.value, "ci_low": mean.low, "ci_high": mean.high,
+                        "invalid": 0, "curves": []})
     save_record(run_dir, {"objective": "value_distance", "metric": "mean_return",
-                          "seeds": 16, "results": results})
+                          "seeds": len(rows[0][2]), "eval_seed": eval_seed,
+                          "results": results})
 
 
-def test_verdicts_count_runs_whose_interval_excludes_the_baselines_mean(runs):
-    write_evaluation(runs[0], [("CartPole-v1", "evolved", 220.0, 210.0, 230.0),
-                               ("CartPole-v1", "l2", 195.0, 188.0, 202.0)])
-    write_evaluation(runs[1], [("CartPole-v1", "evolved", 200.0, 190.0, 210.0),
-                               ("CartPole-v1", "l2", 195.0, 188.0, 202.0)])
+SEEDS = np.arange(16.0)
+L2 = 195.0 + SEEDS  # the baseline's score on each held-out seed
+# far ahead on half the seeds, a little behind on the other half: a mean interval above the
+# baseline's mean, but no more seeds won than lost
+UPSIDE = L2 + np.where(SEEDS % 2 == 0, 30.0, -5.0)
+
+
+def test_verdicts_judge_each_run_by_its_paired_probability_of_improvement(runs):
+    write_evaluation(runs[0], [("CartPole-v1", "evolved", L2 + 10.0),
+                               ("CartPole-v1", "l2", L2)])
+    write_evaluation(runs[1], [("CartPole-v1", "evolved", L2 + 10.0),
+                               ("CartPole-v1", "l2", L2)])
     # a later evaluation of the same pair replaces the earlier one; another env adds to it
-    write_evaluation(runs[1], [("CartPole-v1", "evolved", 150.0, 140.0, 160.0),
-                               ("CartPole-v1", "l2", 195.0, 188.0, 202.0),
-                               ("Acrobot-v1", "evolved", -300.0, -320.0, -280.0),
-                               ("Acrobot-v1", "l2", -350.0, -370.0, -330.0)])
+    write_evaluation(runs[1], [("CartPole-v1", "evolved", L2 - 40.0),
+                               ("CartPole-v1", "l2", L2),
+                               ("Acrobot-v1", "evolved", -300.0 + SEEDS),
+                               ("Acrobot-v1", "l2", -350.0 + SEEDS)])
+    write_evaluation(runs[2], [("CartPole-v1", "evolved", UPSIDE),
+                               ("CartPole-v1", "l2", L2)])
     comparison = compare_runs(runs)
-    found = {(v.run, v.env_id): v.outcome for v in verdicts(comparison)}
-    assert found == {("a/vd", "CartPole-v1"): "better", ("b/vd", "CartPole-v1"): "worse",
-                     ("b/vd", "Acrobot-v1"): "better"}
-    table = format_comparison(comparison)
-    assert "vs baseline" in table
-    line = next(ln for ln in table.splitlines() if ln.startswith("CartPole-v1  l2"))
-    assert line.split()[2:] == ["1", "0", "1", "2"]  # better, tie, worse, runs
+    # the old rule (the evolved mean's interval above the baseline's mean) said better
+    c_rows = {row[1]: row for row in comparison.runs[2].evaluations}
+    assert c_rows["evolved"][3] > c_rows["l2"][2]
+    found = {(v.run, v.env_id): v for v in verdicts(comparison)}
+    assert {key: v.outcome for key, v in found.items()} == {
+        ("a/vd", "CartPole-v1"): "better", ("b/vd", "CartPole-v1"): "worse",
+        ("b/vd", "Acrobot-v1"): "better", ("c", "CartPole-v1"): "no difference found"}
+    assert all(v.paired for v in found.values())
+    assert found[("a/vd", "CartPole-v1")].probability == 1.0
+    assert found[("c", "CartPole-v1")].probability == pytest.approx(0.5)
+    assert found[("c", "CartPole-v1")].low < 0.5 < found[("c", "CartPole-v1")].high
+
+    pooled = pooled_verdicts(comparison, resamples=500)
+    table = format_comparison(comparison, pooled)
+    assert "vs baseline" in table and "no difference found" in table and "tie" not in table
+    line = next(ln for ln in table.splitlines() if ln.startswith("CartPole-v1  evolved"))
+    assert line.split()[2:7] == ["l2", "1", "1", "1", "3"]  # better, no difference, worse, runs
+    # all runs together: 16 + 0 + 8 of the 48 pairs won
+    [cartpole, acrobot] = pooled
+    assert cartpole.counts == {"better": 1, "no difference found": 1, "worse": 1}
+    assert cartpole.paired and cartpole.evolved_scores.size == 48
+    assert cartpole.probability.value == pytest.approx(24 / 48)
+    assert cartpole.probability.low < 0.5 < cartpole.probability.high
+    assert cartpole.outcome == "no difference found"
+    assert cartpole.baseline_iqm.value == pytest.approx(np.mean(L2[4:12]))
+    assert acrobot.counts == {"better": 1, "no difference found": 0, "worse": 0}
+    assert acrobot.outcome == "better" and acrobot.probability.value == 1.0
+    assert line.endswith("no difference found")
+    assert next(ln for ln in table.splitlines()
+                if ln.startswith("Acrobot-v1   evolved")).endswith("better")
+
+
+def test_evaluations_on_different_keys_are_compared_unpaired(runs):
+    write_evaluation(runs[0], [("CartPole-v1", "evolved", L2 + 1.0),
+                               ("CartPole-v1", "l2", L2)])
+    # the evolved objective evaluated again on another key stream: no longer paired
+    write_evaluation(runs[0], [("CartPole-v1", "evolved", L2 + 1.0)], eval_seed=5)
+    [verdict] = verdicts(compare_runs(runs[:1]))
+    assert not verdict.paired
+    assert verdict.outcome == "no difference found"  # 1 apart on seeds spread over 15
+    # the same key stream in another record still pairs
+    write_evaluation(runs[0], [("CartPole-v1", "l2", L2)], eval_seed=5)
+    [verdict] = verdicts(compare_runs(runs[:1]))
+    assert verdict.paired and verdict.outcome == "better"
+
+
+def test_records_of_older_versions_still_get_verdicts(runs):
+    # a metarl 0.1 evaluation.json: a list of reports, no eval_seed, results without their
+    # mean or interval
+    legacy = [{"objective": "value_distance", "metric": "mean_return", "seeds": 16,
+               "results": [{"env_id": "CartPole-v1", "objective": "evolved",
+                            "returns": (L2 + 10.0).tolist(), "invalid": 0, "curves": []},
+                           {"env_id": "CartPole-v1", "objective": "l2",
+                            "returns": L2.tolist(), "invalid": 0, "curves": []}]}]
+    (runs[0] / "evaluation.json").write_text(json.dumps(legacy))
+    # a record that saved no per-seed returns gets a row but no verdict
+    save_record(runs[1], {"objective": "value_distance", "metric": "mean_return",
+                          "results": [{"env_id": "CartPole-v1", "objective": "evolved",
+                                       "mean": 1.0, "ci_low": 0.5, "ci_high": 1.5},
+                                      {"env_id": "CartPole-v1", "objective": "l2",
+                                       "mean": 0.0, "ci_low": -0.5, "ci_high": 0.5}]})
+    comparison = compare_runs(runs[:2])
+    env, objective, mean, low, high = comparison.runs[0].evaluations[0]
+    assert (env, objective) == ("CartPole-v1", "evolved")
+    assert mean == pytest.approx(np.mean(L2 + 10.0)) and low < mean < high
+    assert comparison.runs[1].evaluations[0][2:] == (1.0, 0.5, 1.5)
+    [verdict] = verdicts(comparison)
+    assert (verdict.run, verdict.outcome, verdict.paired) == ("a/vd", "better", True)
+    assert "no difference found" in format_comparison(comparison)
+
+
+def test_tuned_rows_are_judged_against_tuned_rows(runs):
+    write_evaluation(runs[0], [("CartPole-v1", "evolved", L2 + 10.0),
+                               ("CartPole-v1", "l2", L2),
+                               ("CartPole-v1", "evolved (tuned)", L2 - 10.0),
+                               ("CartPole-v1", "l2 (tuned)", L2 + 20.0)])
+    found = {(v.evolved, v.baseline): v.outcome for v in verdicts(compare_runs(runs[:1]))}
+    assert found == {("evolved", "l2"): "better", ("evolved (tuned)", "l2 (tuned)"): "worse"}
+
+
+def test_the_performance_profiles_show_the_evolved_objective_against_each_baseline(runs):
+    for run in runs[:2]:
+        write_evaluation(run, [("CartPole-v1", "evolved", L2 + 10.0),
+                               ("CartPole-v1", "l2", L2), ("CartPole-v1", "ppo", L2 + 5.0)])
+    comparison = compare_runs(runs)
+    pooled = pooled_verdicts(comparison, resamples=300)
+    figures = plot_comparison(comparison, pooled)
+    axes = [ax for ax in figures["performance_profiles"].axes if ax.get_visible()]
+    assert [ax.get_title() for ax in axes] == [
+        "CartPole-v1: evolved vs l2 (2 runs, 32 and 32 seeds)",
+        "CartPole-v1: evolved vs ppo (2 runs, 32 and 32 seeds)"]
+    legend = [t.get_text() for t in axes[0].get_legend().get_texts()]
+    assert legend[:2] == ["evolved", "l2"]
+    evolved, baseline = axes[0].lines[:2]
+    x, y = evolved.get_data()
+    # at the lowest threshold (the lowest score of either) every evolved run is above it;
+    # at the highest none is
+    assert x[0] == L2.min() and y[0] == 1.0 and y[-1] == 0.0
+    assert baseline.get_data()[1][0] == pytest.approx(15 / 16)  # all but the lowest
+    assert len(axes[0].collections) == 2  # one band per objective
 
 
 def test_the_evaluations_figure_has_a_panel_per_environment_and_a_row_per_run(runs):
-    write_evaluation(runs[0], [("CartPole-v1", "evolved", 220.0, 210.0, 230.0),
-                               ("CartPole-v1", "l2", 195.0, 188.0, 202.0),
-                               ("Acrobot-v1", "evolved", -300.0, -320.0, -280.0)])
-    write_evaluation(runs[2], [("CartPole-v1", "evolved", 190.0, 180.0, 200.0),
-                               ("CartPole-v1", "l2", 195.0, 188.0, 202.0)])
+    write_evaluation(runs[0], [("CartPole-v1", "evolved", L2 + 25.0),
+                               ("CartPole-v1", "l2", L2),
+                               ("Acrobot-v1", "evolved", -300.0 + SEEDS)])
+    write_evaluation(runs[2], [("CartPole-v1", "evolved", L2 - 5.0),
+                               ("CartPole-v1", "l2", L2)])
     figures = plot_comparison(compare_runs(runs))
     assert "evaluations" in figures
     axes = figures["evaluations"].axes

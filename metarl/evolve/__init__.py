@@ -6,6 +6,8 @@ One module per job, each importing only those listed before it:
 - :mod:`.config`: the experiment file's tables (objective, inner, es, fitness, run);
 - :mod:`.fitness`: training runs of candidates × seeds × environments -> one fitness each;
 - :mod:`.generation`: the jitted generation (ask, train, score, tell) and its state;
+- :mod:`.tuning`: each objective searched over its declared grid on tuning seeds (tuned
+  baselines, and fitness normalised by the tuned baseline);
 - :mod:`.evaluate`: the evolved objective against baselines on held-out seeds;
 - :mod:`.report`: a run's figures (fitness, the learned loss, learning curves);
 - :mod:`.compare`: several runs side by side;

@@ -3,7 +3,9 @@ fitness curves, and the learned functions of every run in the same figure.
 
     metarl compare runs/vd-seed0 runs/vd-seed1 runs/vd-seed2
 
-From Python: :func:`compare_runs` (the table's data), :func:`format_comparison` and
+From Python: :func:`compare_runs` (the table's data), :func:`verdicts` and
+:func:`pooled_verdicts` (the evolved objective against each baseline, run by run and over all
+runs, by the rule of :func:`metarl.stats.verdict`), :func:`format_comparison` and
 :func:`plot_comparison` (drawn by :mod:`metarl.figures.records`).
 """
 
@@ -12,7 +14,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -20,12 +22,46 @@ import jax
 import numpy as np
 
 from metarl.evolve.config import config_from_dict
+from metarl.evolve.evaluate import comparison_pairs, held_out_scores, judge
 from metarl.objectives import get_objective
 from metarl.objectives.registry import RunFigureRequest
 from metarl.runs.engine import read_config
 from metarl.runs.evaluations import list_records
 from metarl.runs.layout import RunError, read_metrics
 from metarl.runs.meta_params import MEAN_FILE, read_meta_params
+from metarl.stats import (
+    OUTCOMES,
+    RESAMPLES,
+    Estimate,
+    aggregate,
+    performance_profile,
+    probability_of_improvement,
+    profile_thresholds,
+    verdict,
+)
+
+
+@dataclass(frozen=True)
+class HeldOut:
+    """One objective's held-out scores on one environment, from a run's latest evaluation
+    of that pair.
+
+    Attributes:
+        scores: ``[S]`` score of each seed, NaN for a seed whose training diverged.
+        record: the path of the evaluation record they come from.
+        eval_seed: the seed of its held-out key stream, where the record says it.
+    """
+
+    scores: tuple[float, ...]
+    record: str
+    eval_seed: int | None
+
+    def paired_with(self, other: HeldOut) -> bool:
+        """Whether both were trained on the same keys: as many seeds, from the same
+        record or from records with the same held-out key stream."""
+        same_keys = self.record == other.record or (
+            self.eval_seed is not None and self.eval_seed == other.eval_seed)
+        return len(self.scores) == len(other.scores) and same_keys
 
 
 @dataclass(frozen=True)
@@ -42,6 +78,8 @@ class RunSummary:
         evaluations: ``(environment, objective, mean, ci_low, ci_high)`` rows of its
             held-out evaluations, if any.
         settings: every config field as ``"section.field" -> value``.
+        held_out: ``(environment, objective) ->`` the per-seed scores behind each row of
+            ``evaluations``.
     """
 
     run_dir: Path
@@ -52,6 +90,7 @@ class RunSummary:
     final_mean_fitness: float
     evaluations: tuple[tuple[str, str, float, float, float], ...]
     settings: dict[str, Any]
+    held_out: dict[tuple[str, str], HeldOut] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -76,48 +115,129 @@ def flatten(data: Any, prefix: str = "") -> dict[str, Any]:
     return flat
 
 
-def _evaluation_rows(run_dir: Path) -> tuple[tuple[str, str, float, float, float], ...]:
-    """One row per environment and objective; the latest evaluation wins where several
-    evaluated the same pair."""
-    rows = {}
+def _evaluations(run_dir: Path) -> tuple[tuple[tuple[str, str, float, float, float], ...],
+                                         dict[tuple[str, str], HeldOut]]:
+    """One ``(environment, objective, mean, ci_low, ci_high)`` row per environment and
+    objective, and the scores behind it; the latest evaluation wins where several evaluated
+    the same pair. A result saved without its mean or interval (an older version's) gets
+    them from its returns."""
+    rows, held_out = {}, {}
     for report in list_records(run_dir):
-        for r in report.get("results", []):
-            rows[(r["env_id"], r["objective"])] = (r["env_id"], r["objective"], r["mean"],
-                                                   r["ci_low"], r["ci_high"])
-    return tuple(rows.values())
+        spec = report.get("spec") if isinstance(report.get("spec"), dict) else {}
+        eval_seed = report.get("eval_seed", spec.get("eval_seed"))
+        for r in report.get("results") or []:
+            if not isinstance(r, dict) or "env_id" not in r or "objective" not in r:
+                continue
+            scores = held_out_scores(r)
+            if all(r.get(key) is not None for key in ("mean", "ci_low", "ci_high")):
+                mean = Estimate(r["mean"], r["ci_low"], r["ci_high"])
+            else:
+                mean = aggregate(scores, "mean")
+            key = (r["env_id"], r["objective"])
+            rows[key] = (*key, mean.value, mean.low, mean.high)
+            held_out[key] = HeldOut(tuple(float(v) for v in scores), str(report.get("path")),
+                                    eval_seed)
+    return tuple(rows.values()), held_out
 
 
 @dataclass(frozen=True)
 class Verdict:
-    """A run's evolved objective against one baseline on one environment.
+    """A run's evolved objective against one baseline on one environment, judged from the
+    per-seed scores of its latest evaluation of both.
 
-    ``outcome`` is ``"better"`` when the evolved mean's 95% bootstrap interval lies above
-    the baseline's mean, ``"worse"`` when it lies below, else ``"tie"``.
+    ``probability`` is P(improvement) of ``evolved`` over ``baseline`` (paired where both
+    were trained on the same keys), ``low`` and ``high`` its 95% interval, and ``outcome``
+    :func:`metarl.stats.verdict` of it: ``"better"`` when the interval lies wholly above
+    0.5, ``"worse"`` when wholly below, else ``"no difference found"``.
     """
 
     run: str
     env_id: str
+    evolved: str
     baseline: str
-    evolved: float
-    ci_low: float
-    ci_high: float
-    baseline_mean: float
+    probability: float
+    low: float
+    high: float
+    paired: bool
     outcome: str
 
 
-def verdicts(comparison: Comparison, evolved: str = "evolved") -> list[Verdict]:
-    """The evolved objective of every evaluated run against each of its baselines."""
+def verdicts(comparison: Comparison) -> list[Verdict]:
+    """The evolved objective of every evaluated run against each of its baselines (the
+    pairs of :func:`metarl.evolve.evaluate.comparison_pairs`); a pair whose record saved no
+    per-seed returns is left out."""
     found = []
     for run in comparison.runs:
-        rows = {(env, objective): (mean, low, high)
-                for env, objective, mean, low, high in run.evaluations}
-        for (env, objective), (mean, _, _) in rows.items():
-            if objective == evolved or (env, evolved) not in rows:
-                continue
-            value, low, high = rows[(env, evolved)]
-            outcome = "better" if low > mean else "worse" if high < mean else "tie"
-            found.append(Verdict(run.label, env, objective, value, low, high, mean, outcome))
+        for env in dict.fromkeys(env for env, _ in run.held_out):
+            names = [objective for e, objective in run.held_out if e == env]
+            for evolved, baseline in comparison_pairs(names):
+                x, y = run.held_out[(env, evolved)], run.held_out[(env, baseline)]
+                if not x.scores or not y.scores:
+                    continue
+                paired = x.paired_with(y)
+                judged = judge(evolved, baseline, x.scores, y.scores, paired)
+                found.append(Verdict(run.label, env, evolved, baseline,
+                                     judged["probability_of_improvement"], judged["low"],
+                                     judged["high"], paired, judged["verdict"]))
     return found
+
+
+@dataclass(frozen=True)
+class PooledVerdict:
+    """The evolved objective against one baseline on one environment over all compared runs
+    that evaluated both: how many runs were judged better / no difference found / worse,
+    and the runs' held-out seeds pooled.
+
+    Attributes:
+        env_id, evolved, baseline: what is compared.
+        counts: ``{outcome: runs}`` over :data:`metarl.stats.OUTCOMES`.
+        evolved_iqm, baseline_iqm: interquartile mean over runs x held-out seeds.
+        probability: P(improvement) over all pairs, paired seed by seed where every run's
+            comparison is (the pairs resampled as independent), with its 95% interval.
+        paired: whether it is paired.
+        outcome: :func:`metarl.stats.verdict` of ``probability``.
+        evolved_scores, baseline_scores: ``[R*S]`` the pooled scores.
+    """
+
+    env_id: str
+    evolved: str
+    baseline: str
+    counts: dict[str, int]
+    evolved_iqm: Estimate
+    baseline_iqm: Estimate
+    probability: Estimate
+    paired: bool
+    outcome: str
+    evolved_scores: np.ndarray
+    baseline_scores: np.ndarray
+
+    @property
+    def runs(self) -> int:
+        return sum(self.counts.values())
+
+
+def pooled_verdicts(comparison: Comparison, found: list[Verdict] | None = None,
+                    resamples: int = RESAMPLES) -> list[PooledVerdict]:
+    """Per (environment, evolved, baseline) of :func:`verdicts` (``found``, computed when
+    not given): the counts of runs per outcome and the verdict over all runs together (its
+    intervals from ``resamples`` bootstrap resamples)."""
+    found = verdicts(comparison) if found is None else found
+    by_label = {run.label: run for run in comparison.runs}
+    pooled = []
+    for env, evolved, baseline in dict.fromkeys((v.env_id, v.evolved, v.baseline)
+                                                for v in found):
+        judged = [v for v in found if (v.env_id, v.evolved, v.baseline) == (env, evolved,
+                                                                           baseline)]
+        x = np.concatenate([by_label[v.run].held_out[(env, evolved)].scores for v in judged])
+        y = np.concatenate([by_label[v.run].held_out[(env, baseline)].scores for v in judged])
+        paired = all(v.paired for v in judged)
+        probability = probability_of_improvement(x, y, paired=paired, resamples=resamples)
+        pooled.append(PooledVerdict(
+            env, evolved, baseline, {o: sum(v.outcome == o for v in judged) for o in OUTCOMES},
+            aggregate(x, "iqm", resamples=resamples), aggregate(y, "iqm", resamples=resamples),
+            probability, paired,
+            verdict(probability.low, probability.high), x, y))
+    return pooled
 
 
 def summarise_run(run_dir: str | Path, label: str | None = None) -> RunSummary:
@@ -128,6 +248,7 @@ def summarise_run(run_dir: str | Path, label: str | None = None) -> RunSummary:
     if not history:
         raise RunError(f"{run_dir} has no finished generation yet (metrics.jsonl is empty)")
     last = history[-1]
+    evaluations, held_out = _evaluations(run_dir)
     return RunSummary(
         run_dir=run_dir,
         label=label or run_dir.name,
@@ -135,9 +256,10 @@ def summarise_run(run_dir: str | Path, label: str | None = None) -> RunSummary:
         generations=int(last["generation"]),
         best_fitness=float(last.get("best_fitness_so_far", np.nan)),
         final_mean_fitness=float(last.get("mean_fitness", np.nan)),
-        evaluations=_evaluation_rows(run_dir),
+        evaluations=evaluations,
         settings={key: value for key, value in flatten(config.to_dict()).items()
                   if key not in ("name", "description", "run.output_dir")},
+        held_out=held_out,
     )
 
 
@@ -164,9 +286,11 @@ def compare_runs(run_dirs: Sequence[str | Path]) -> Comparison:
     return Comparison(runs, differing)
 
 
-def format_comparison(comparison: Comparison) -> str:
-    """Plain-text tables: what each run reached, its evaluations, and the settings that
-    differ."""
+def format_comparison(comparison: Comparison, pooled: list[PooledVerdict] | None = None
+                      ) -> str:
+    """Plain-text tables: what each run reached, its evaluations, the evolved objective
+    against each baseline (``pooled``: :func:`pooled_verdicts`, computed when not given),
+    and the settings that differ."""
     rows = [("run", "objective", "generations", "best fitness", "last mean fitness")]
     rows += [(r.label, r.objective, str(r.generations), f"{r.best_fitness:.4g}",
               f"{r.final_mean_fitness:.4g}") for r in comparison.runs]
@@ -177,15 +301,19 @@ def format_comparison(comparison: Comparison) -> str:
         rows += [(label, env, objective, f"{mean:.2f}", f"[{low:.2f}, {high:.2f}]")
                  for label, env, objective, mean, low, high in evaluated]
         blocks.append(_table(rows))
-    found = verdicts(comparison)
-    if found:
-        rows = [("environment", "vs baseline", "better", "tie", "worse", "runs")]
-        for env, baseline in dict.fromkeys((v.env_id, v.baseline) for v in found):
-            outcomes = [v.outcome for v in found if (v.env_id, v.baseline) == (env, baseline)]
-            rows.append((env, baseline, *(str(outcomes.count(o)) for o in
-                                           ("better", "tie", "worse")), str(len(outcomes))))
-        blocks.append("evolved objective against each baseline (better / worse: its 95% "
-                      "interval lies above / below the baseline's mean)\n" + _table(rows))
+    pooled = pooled_verdicts(comparison) if pooled is None else pooled
+    if pooled:
+        rows = [("environment", "objective", "vs baseline", *OUTCOMES, "runs",
+                 "IQM objective", "IQM baseline", "P(improvement)", "verdict (all runs)")]
+        rows += [(p.env_id, p.evolved, p.baseline, *(str(p.counts[o]) for o in OUTCOMES),
+                  str(p.runs), _estimate(p.evolved_iqm), _estimate(p.baseline_iqm),
+                  _estimate(p.probability), p.outcome) for p in pooled]
+        blocks.append(
+            "evolved objective against each baseline: runs judged better / no difference "
+            "found / worse (the 95% interval of P(improvement) over the run's held-out seeds "
+            "lies wholly above 0.5 / contains it / lies wholly below), and all runs together "
+            "(IQM over runs x seeds, P(improvement) over all pairs; intervals 95%)\n"
+            + _table(rows))
     if comparison.differing:
         rows = [("setting", *[r.label for r in comparison.runs])]
         rows += [(key, *[json.dumps(v) for v in values])
@@ -196,24 +324,38 @@ def format_comparison(comparison: Comparison) -> str:
     return "\n\n".join(blocks)
 
 
+def _estimate(estimate: Estimate) -> str:
+    return f"{estimate.value:.2f} [{estimate.low:.2f}, {estimate.high:.2f}]"
+
+
 def _table(rows: list[tuple[str, ...]]) -> str:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True))
                      for row in rows).rstrip()
 
 
-def plot_comparison(comparison: Comparison) -> dict[str, Any]:
+def plot_comparison(comparison: Comparison, pooled: list[PooledVerdict] | None = None
+                    ) -> dict[str, Any]:
     """``{file stem: Figure}``: the mean and best-so-far fitness of every run over
     generations (``fitness``), the held-out evaluations of the runs that have any
-    (``evaluations``) and, when all runs evolved the same objective, what its registered
-    ``plot`` draws of every run's search mean at once."""
-    from metarl.figures.records import plot_evaluation_intervals, plot_fitness_overlay
+    (``evaluations``), the performance profiles of the evolved objective and each baseline
+    over runs x held-out seeds (``performance_profiles``, :func:`profile_panels`) and, when
+    all runs evolved the same objective, what its registered ``plot`` draws of every run's
+    search mean at once. ``pooled``: :func:`pooled_verdicts`, computed when not given."""
+    from metarl.figures.records import (
+        plot_evaluation_intervals,
+        plot_fitness_overlay,
+        plot_performance_profiles,
+    )
 
     figures = {"fitness": plot_fitness_overlay(
         {run.label: read_metrics(run.run_dir) for run in comparison.runs})}
     evaluated = {run.label: run.evaluations for run in comparison.runs if run.evaluations}
     if evaluated:
         figures["evaluations"] = plot_evaluation_intervals(evaluated)
+    panels = profile_panels(comparison, pooled)
+    if panels:
+        figures["performance_profiles"] = plot_performance_profiles(panels)
 
     objectives = {run.objective for run in comparison.runs}
     if len(objectives) != 1:
@@ -237,17 +379,43 @@ def plot_comparison(comparison: Comparison) -> dict[str, Any]:
     return figures
 
 
+def profile_panels(comparison: Comparison, pooled: list[PooledVerdict] | None = None
+                   ) -> dict[str, dict[str, dict[str, np.ndarray]]]:
+    """The data of the performance-profile figure: one panel per (environment, evolved,
+    baseline) of :func:`pooled_verdicts`, ``{title: {objective: {"thresholds": [K],
+    "fraction": [K], "low": [K], "high": [K]}}}``: the fraction of runs x held-out seeds
+    scoring above each threshold, with its 95% band (:func:`metarl.stats.performance_profile`).
+    """
+    pooled = pooled_verdicts(comparison) if pooled is None else pooled
+    panels = {}
+    for p in pooled:
+        thresholds = profile_thresholds(p.evolved_scores, p.baseline_scores)
+        profiles = performance_profile({p.evolved: p.evolved_scores,
+                                        p.baseline: p.baseline_scores}, thresholds)
+        if profiles:
+            title = (f"{p.env_id}: {p.evolved} vs {p.baseline} ({p.runs} runs, "
+                     f"{p.evolved_scores.size} and {p.baseline_scores.size} seeds)")
+            panels[title] = {name: {"thresholds": profile.thresholds,
+                                    "fraction": profile.fraction, "low": profile.low,
+                                    "high": profile.high}
+                             for name, profile in profiles.items()}
+    return panels
+
+
 def _safe_stem(stem: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", stem)
 
 
-def save_comparison(comparison: Comparison, out_dir: str | Path) -> list[Path]:
-    """Write ``comparison.txt`` and the figures of :func:`plot_comparison` to ``out_dir``."""
+def save_comparison(comparison: Comparison, out_dir: str | Path,
+                    pooled: list[PooledVerdict] | None = None) -> list[Path]:
+    """Write ``comparison.txt`` and the figures of :func:`plot_comparison` to ``out_dir``
+    (``pooled``: :func:`pooled_verdicts`, computed when not given)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "comparison.txt").write_text(format_comparison(comparison) + "\n")
+    pooled = pooled_verdicts(comparison) if pooled is None else pooled
+    (out / "comparison.txt").write_text(format_comparison(comparison, pooled) + "\n")
     written = [out / "comparison.txt"]
-    for stem, figure in plot_comparison(comparison).items():
+    for stem, figure in plot_comparison(comparison, pooled).items():
         figure.savefig(out / f"{stem}.png", dpi=110)
         written.append(out / f"{stem}.png")
     return written

@@ -146,6 +146,13 @@ class FitnessConfig:
             fitness. Baselines are measured once at the start unless given.
         baseline_returns: known PPO returns per ``[[inner]]`` entry (skips measuring them).
         baseline_seeds: seeds used to measure the baselines.
+        tune_baseline: normalise by the baseline at its best setting rather than at the
+            ``[inner]`` one: the algorithm's own losses are searched over the grid
+            ``metarl evaluate --tune`` gives them (PPO: ``clip_eps`` x learning rate, 12
+            settings; other algorithms: learning rate x1/3, x1, x3) on ``baseline_seeds``
+            seeds, one program per environment, and the best setting's mean return
+            normalises (:func:`metarl.evolve.tuning.tuned_fitness_baselines`). Needs
+            ``normalize_by_baseline``, no ``baseline_returns`` and at least 2 seeds.
     """
 
     metric: str = "mean_return"
@@ -155,6 +162,7 @@ class FitnessConfig:
     normalize_by_baseline: bool = False
     baseline_returns: tuple[float, ...] = ()
     baseline_seeds: int = 4
+    tune_baseline: bool = False
 
     def __post_init__(self):
         check_choice("fitness.metric", self.metric, FITNESS_METRICS, ConfigError)
@@ -167,6 +175,17 @@ class FitnessConfig:
             for i, b in enumerate(self.baseline_returns)))
         if any(b == 0 for b in self.baseline_returns):
             raise ConfigError("fitness.baseline_returns: a baseline of 0 cannot normalise")
+        if not isinstance(self.tune_baseline, bool):
+            raise ConfigError(f"fitness.tune_baseline: expected true or false, got "
+                              f"{self.tune_baseline!r}")
+        if self.tune_baseline and not self.normalize_by_baseline:
+            raise ConfigError("fitness.tune_baseline: only with normalize_by_baseline = true")
+        if self.tune_baseline and self.baseline_returns:
+            raise ConfigError("fitness.tune_baseline: baseline_returns are given, so no "
+                              "baseline is measured to tune; drop one of the two")
+        if self.tune_baseline and self.baseline_seeds < 2:
+            raise ConfigError(f"fitness.baseline_seeds: tuning the baseline needs at least 2 "
+                              f"to compare settings, got {self.baseline_seeds}")
 
 
 @dataclass(frozen=True)

@@ -1,13 +1,18 @@
 """Meta-test: train fresh agents with an evolved objective and with fixed baselines.
 
 Agents are trained from scratch on held-out seeds (a key stream separate from the one
-evolution used), and each objective's mean return gets a 95% bootstrap confidence interval.
-The full learning curves are kept so they can be plotted against the baselines.
+evolution used). Per environment, each objective's interquartile mean, median and mean get
+95% bootstrap intervals, and the evolved objective is judged against each baseline by the
+probability of improvement (paired: every objective trains on the same keys) and the rule of
+:func:`metarl.stats.verdict`. The full learning curves are kept so they can be plotted
+against the baselines.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,20 +22,33 @@ import numpy as np
 
 from inner_loops.registry import algorithm_of
 from metarl.config import ConfigError
+from metarl.evolve import tuning
 from metarl.evolve.config import FitnessConfig, config_from_dict
 from metarl.evolve.fitness import run_is_valid, run_return
 from metarl.evolve.generation import build_learner
+from metarl.evolve.tuning import DEFAULT_TUNE_SEED, DEFAULT_TUNE_SEEDS
 from metarl.objectives import available_objectives, get_objective, make_objective
 from metarl.runs.engine import read_config
 from metarl.runs.evaluations import saved_evaluation
 from metarl.runs.layout import RunError, read_metrics
 from metarl.runs.meta_params import CANDIDATE_FILES, load_meta_params
-from metarl.stats import bootstrap_ci
+from metarl.sharding import population_mesh
+from metarl.stats import (
+    AGGREGATES,
+    CONFIDENCE,
+    RESAMPLES,
+    SEED,
+    aggregate,
+    aggregates,
+    probability_of_improvement,
+    verdict,
+)
 
-__all__ = ["ObjectiveResult", "default_baselines", "evaluate_objective", "evaluate_run",
-           "format_table"]
+__all__ = ["ObjectiveResult", "comparison_pairs", "default_baselines", "environment_statistics",
+           "evaluate_objective", "evaluate_run", "format_table", "held_out_scores", "judge"]
 DEFAULT_EVAL_SEED = 10_007
 EVOLVED = "evolved"
+TUNED = " (tuned)"
 
 
 @dataclass(frozen=True)
@@ -41,10 +59,13 @@ class ObjectiveResult:
         objective: ``"evolved"`` or a baseline's registered name.
         env_id: environment.
         returns: ``[S]`` score of each seed (the run's fitness metric).
-        mean, ci_low, ci_high: mean over valid seeds and its 95% bootstrap interval.
+        mean, ci_low, ci_high: mean over valid seeds and its 95% bootstrap interval
+            (:func:`metarl.stats.aggregate`).
         invalid: seeds whose training produced NaN or inf.
         curves: ``[S, U]`` episode return after every update.
         steps_per_update: environment steps one agent takes per update (the curves' x unit).
+        valid: ``[S]`` whether each seed's training stayed finite (records written before
+            this field have none: a seed is then valid when its return is finite).
     """
 
     objective: str
@@ -56,31 +77,105 @@ class ObjectiveResult:
     invalid: int
     curves: list[list[float]]
     steps_per_update: int | None = None
+    valid: list[bool] | None = None
 
 
 def evaluate_objective(objective, meta_params, inner, fitness: FitnessConfig,
-                       seeds: int, eval_seed: int, name: str) -> ObjectiveResult:
+                       seeds: int, eval_seed: int, name: str, hypers=None
+                       ) -> ObjectiveResult:
     """Train ``seeds`` agents of ``inner``'s algorithm with ``objective`` (one jitted vmap)
-    and summarise them."""
+    and summarise them; ``hypers`` (the learner's ``Hyperparams``, shared by every seed)
+    replaces ``inner``'s hyperparameters, e.g. at a tuned setting."""
     learner = build_learner(inner, objective)
     train = learner.train
     keys = jax.random.split(jax.random.PRNGKey(eval_seed), seeds)
-    metrics = jax.jit(jax.vmap(train, in_axes=(0, None)))(keys, meta_params)
+    if hypers is None:
+        metrics = jax.jit(jax.vmap(train, in_axes=(0, None)))(keys, meta_params)
+    else:
+        metrics = jax.jit(jax.vmap(train, in_axes=(0, None, None)))(keys, meta_params, hypers)
     returns = np.asarray(run_return(metrics, fitness))
     valid = np.asarray(run_is_valid(metrics, returns))
-    low, high = bootstrap_ci(returns[valid])
+    mean = aggregate(returns[valid], "mean")
     curves = np.asarray(metrics["episode_return"], np.float64)
     return ObjectiveResult(
         objective=name,
         env_id=inner.env_id,
         returns=[float(r) for r in returns],
-        mean=float(np.mean(returns[valid])) if valid.any() else float("nan"),
-        ci_low=low,
-        ci_high=high,
+        mean=mean.value,
+        ci_low=mean.low,
+        ci_high=mean.high,
         invalid=int((~valid).sum()),
         curves=[[None if np.isnan(v) else float(v) for v in row] for row in curves],
         steps_per_update=learner.steps_per_update,
+        valid=[bool(v) for v in valid],
     )
+
+
+def comparison_pairs(objectives: Sequence[str]) -> list[tuple[str, str]]:
+    """Which objectives evaluated on one environment are judged against which:
+    ``(evolved, baseline)`` pairs, in the order the objectives come.
+
+    ``"evolved"`` against every other objective whose name does not end in ``" (tuned)"``,
+    and, when there is an ``"evolved (tuned)"``, that one against every other objective
+    whose name ends in ``" (tuned)"`` (each tuned with the same budget)."""
+    names = list(dict.fromkeys(objectives))
+    pairs = []
+    if EVOLVED in names:
+        pairs += [(EVOLVED, name) for name in names
+                  if name != EVOLVED and not name.endswith(TUNED)]
+    tuned = EVOLVED + TUNED
+    if tuned in names:
+        pairs += [(tuned, name) for name in names if name != tuned and name.endswith(TUNED)]
+    return pairs
+
+
+def held_out_scores(result: Mapping[str, Any]) -> np.ndarray:
+    """``[S]`` scores of one saved result (an :class:`ObjectiveResult` as a dict, from a
+    record of any version): its ``returns``, with the seeds it marks invalid set to NaN."""
+    scores = np.asarray([np.nan if r is None else r for r in result.get("returns") or []],
+                        np.float64)
+    valid = result.get("valid")
+    if valid is not None and len(valid) == scores.size:
+        scores[~np.asarray(valid, bool)] = np.nan
+    return scores
+
+
+def judge(evolved: str, baseline: str, evolved_scores, baseline_scores, paired: bool,
+          resamples: int = RESAMPLES) -> dict[str, Any]:
+    """The comparison of ``evolved_scores [S]`` with ``baseline_scores [S']`` (paired:
+    trained on the same seeds, ``S == S'``): P(improvement) of ``evolved`` over
+    ``baseline`` with its 95% interval and :func:`metarl.stats.verdict`, as saved in an
+    evaluation record."""
+    estimate = probability_of_improvement(evolved_scores, baseline_scores, paired=paired,
+                                          resamples=resamples)
+    return {"evolved": evolved, "baseline": baseline,
+            "probability_of_improvement": estimate.value, "low": estimate.low,
+            "high": estimate.high, "paired": paired,
+            "verdict": verdict(estimate.low, estimate.high)}
+
+
+def environment_statistics(results: Sequence[Mapping[str, Any]], resamples: int = RESAMPLES
+                           ) -> dict[str, Any]:
+    """The statistics of an evaluation's ``results`` (saved :class:`ObjectiveResult`
+    dicts), per environment: each objective's IQM, median and mean with intervals
+    (``objectives``) and the comparisons of :func:`comparison_pairs` (``comparisons``,
+    each from :func:`judge`), every interval from ``resamples`` bootstrap resamples. The
+    objectives of one evaluation train on the same held-out keys, so a comparison is paired
+    wherever both have as many seeds."""
+    environments = {}
+    for env_id in dict.fromkeys(r["env_id"] for r in results):
+        scores = {r["objective"]: held_out_scores(r) for r in results if r["env_id"] == env_id}
+        environments[env_id] = {
+            "objectives": {name: {metric: estimate.to_dict() for metric, estimate
+                                  in aggregates(values, resamples=resamples).items()}
+                           for name, values in scores.items()},
+            "comparisons": [judge(evolved, baseline, scores[evolved], scores[baseline],
+                                  paired=scores[evolved].size == scores[baseline].size,
+                                  resamples=resamples)
+                            for evolved, baseline in comparison_pairs(list(scores))],
+        }
+    return {"confidence": CONFIDENCE, "resamples": resamples, "seed": SEED,
+            "environments": environments}
 
 
 def default_baselines(objective_name: str, inner=None) -> list[str]:
@@ -100,15 +195,25 @@ def _fits(objective_name: str, inner) -> bool:
 def evaluate_run(run_dir: str | Path, env_ids: list[str] | None = None, seeds: int = 16,
                  baselines: list[str] | None = None, which: str = "mean",
                  eval_seed: int = DEFAULT_EVAL_SEED, total_timesteps: int | None = None,
-                 rerun: bool = False) -> dict[str, Any]:
+                 rerun: bool = False, tune: bool = False,
+                 tune_seeds: int = DEFAULT_TUNE_SEEDS, tune_seed: int = DEFAULT_TUNE_SEED,
+                 tune_grid: Mapping[str, Sequence[float]] | None = None) -> dict[str, Any]:
     """Evaluate a run's evolved objective against baselines; saves ``evaluations/<n>.json``.
 
     Evaluations accumulate (:mod:`metarl.runs.evaluations`): each is saved under the next
     number with its ``spec`` (environments, seeds, evaluation seed, budget per environment,
-    which meta-parameters and a digest of them, baselines, fitness settings). When an
-    evaluation with the same spec exists, it is returned instead of computed again
-    (``report["reused"]``), unless ``rerun``, which computes it and replaces that record
-    (``report["replaced"]``). ``report["path"]`` is the record's file.
+    which meta-parameters and a digest of them, baselines, fitness settings, and with
+    ``tune`` the tuning seeds and grids). When an evaluation with the same spec exists, it is
+    returned instead of computed again (``report["reused"]``), unless ``rerun``, which
+    computes it and replaces that record (``report["replaced"]``). ``report["path"]`` is the
+    record's file. A declared baseline left out (by ``baselines``, or because it does not
+    fit the algorithm) is named with the reason in ``report["not_reported"]``.
+
+    With ``tune`` (:mod:`metarl.evolve.tuning`), every objective is first searched over its
+    grid on ``tune_seeds`` tuning seeds (one program per objective and environment), and is
+    then also trained on the held-out seeds at its chosen setting: rows
+    ``"<objective> (tuned)"`` after the rows at the default setting, and
+    ``report["tuning"]`` keeps every grid, every setting's tuning score and the choices.
 
     Args:
         run_dir: the directory of an evolution run.
@@ -123,6 +228,13 @@ def evaluate_run(run_dir: str | Path, env_ids: list[str] | None = None, seeds: i
         eval_seed: seed of the held-out key stream (distinct from training seeds).
         total_timesteps: override the training budget of every environment.
         rerun: compute an evaluation made before again, replacing its record.
+        tune: tune every objective before the held-out comparison.
+        tune_seeds: tuning seeds per setting (at least 2).
+        tune_seed: root of the tuning key stream; must differ from ``eval_seed``,
+            ``run.seed`` and ``run.seed + 1``.
+        tune_grid: knob -> values replacing the declared grid of that knob for every
+            objective that declares it (multiples of the run's value for a relative knob
+            such as ``learning_rate``).
 
     Returns the report dict that is also saved as JSON.
     """
@@ -147,6 +259,7 @@ def evaluate_run(run_dir: str | Path, env_ids: list[str] | None = None, seeds: i
         if not _fits(name, config.inner[0]):
             raise ConfigError(f"baselines: objective {name!r} does not fit algorithm "
                               f"{algorithm_of(config.inner[0]).name!r}")
+    not_reported = _not_reported(config.objective.name, baselines, config.inner[0])
     by_env = {inner.env_id: inner for inner in config.inner}
     env_ids = env_ids or list(by_env)
     inners = []
@@ -166,17 +279,34 @@ def evaluate_run(run_dir: str | Path, env_ids: list[str] | None = None, seeds: i
         "fitness": {"metric": config.fitness.metric,
                     "final_fraction": config.fitness.final_fraction},
     }
+    plans = _tuning_plans(tune, tune_seeds, tune_seed, tune_grid, eval_seed, config,
+                          baselines, inners)
+    if tune:
+        spec["tune"] = {"seeds": tune_seeds, "tune_seed": tune_seed,
+                        "grids": {env_id: {name: plan.grid for name, plan in env.items()}
+                                  for env_id, env in plans.items()}}
+
     def compute() -> dict[str, Any]:
-        results = []
+        results, tuned, records = [], [], {}
         for inner in inners:
-            results.append(evaluate_objective(objective, meta_params, inner, config.fitness,
-                                              seeds, eval_seed, EVOLVED))
+            rows = [evaluate_objective(objective, meta_params, inner, config.fitness,
+                                       seeds, eval_seed, EVOLVED)]
             for name in baselines:
                 baseline = make_objective(name)
-                results.append(evaluate_objective(
+                rows.append(evaluate_objective(
                     baseline, baseline.init(jax.random.PRNGKey(0)), inner, config.fitness,
                     seeds, eval_seed, name,
                 ))
+            results += rows
+            if tune:
+                records[inner.env_id] = {}
+                for row, plan in zip(rows, plans[inner.env_id].values(), strict=True):
+                    record, tuned_row = _tune_and_evaluate(
+                        plan, row, objective, meta_params, inner, config, seeds, eval_seed,
+                        tune_seeds, tune_seed)
+                    records[inner.env_id][plan.objective] = record
+                    tuned.append(tuned_row)
+        results += tuned
         try:
             generation = read_metrics(run_dir)[-1]["generation"]
         except (RunError, IndexError, KeyError):
@@ -188,20 +318,125 @@ def evaluate_run(run_dir: str | Path, env_ids: list[str] | None = None, seeds: i
             "metric": config.fitness.metric,
             "seeds": seeds,
             "eval_seed": eval_seed,
+            "not_reported": not_reported,
+            **({"tuning": {"seeds": tune_seeds, "tune_seed": tune_seed, "score": tuning.SCORE,
+                           "budget_rule": tuning.BUDGET_RULE, "environments": records}}
+               if tune else {}),
             "results": [r.__dict__ for r in results],
+            "statistics": environment_statistics([r.__dict__ for r in results]),
         }
 
     return saved_evaluation(run_dir, spec, compute, rerun)
 
 
+def _not_reported(objective_name: str, baselines: list[str], inner) -> dict[str, str]:
+    """Each baseline ``objective_name`` declares that is not evaluated, and why."""
+    left_out = {}
+    for name in get_objective(objective_name).baselines:
+        if name in baselines:
+            continue
+        if not _fits(name, inner):
+            left_out[name] = f"does not fit algorithm {algorithm_of(inner).name!r}"
+        else:
+            left_out[name] = f"left out by baselines={','.join(baselines) or 'none'}"
+    return left_out
+
+
+def _tuning_plans(tune, tune_seeds, tune_seed, tune_grid, eval_seed, config, baselines,
+                  inners) -> dict[str, dict[str, tuning.TuningPlan]]:
+    """``env_id -> {objective: plan}`` (the evolved objective first), checked before
+    anything trains; ``{}`` without ``tune``."""
+    if not tune:
+        given = [name for name, value, default in (
+            ("tune_seeds", tune_seeds, tuning.DEFAULT_TUNE_SEEDS),
+            ("tune_seed", tune_seed, tuning.DEFAULT_TUNE_SEED), ("tune_grid", tune_grid, None))
+            if value != default and not (name == "tune_grid" and not value)]
+        if given:
+            raise ConfigError(f"{', '.join(given)}: only with tune=True (--tune)")
+        return {}
+    tuning.check_tune_options(tune_seeds, tune_seed, eval_seed, config.run.seed)
+    overrides = tuning.check_overrides(tune_grid, baselines)
+    plans = {}
+    for inner in inners:
+        baseline_plans = [tuning.objective_plan(name, inner, overrides) for name in baselines]
+        plans[inner.env_id] = {EVOLVED: tuning.evolved_plan(EVOLVED, baseline_plans),
+                               **{plan.objective: plan for plan in baseline_plans}}
+    return plans
+
+
+def _tune_and_evaluate(plan, default_row, objective, meta_params, inner, config, seeds,
+                       eval_seed, tune_seeds, tune_seed):
+    """Tune one objective on one environment, then train it on the held-out seeds at its
+    chosen setting: ``(tuning record, "<objective> (tuned)" row)``. A choice equal to the
+    default setting reuses ``default_row`` (the same keys and settings)."""
+    evolved = plan.objective == EVOLVED
+    if not evolved:
+        objective, meta_params = make_objective(plan.objective), None
+    mesh = population_mesh() if config.run.shard else None
+    if mesh is not None and mesh.devices.size == 1:
+        mesh = None
+    record = tuning.tune_objective(plan, objective, inner, config.fitness, tune_seeds,
+                                   tune_seed, meta_params, config.run.chunk_size, mesh)
+    learner = build_learner(inner, objective)
+    hypers, options, is_default = tuning.chosen_values(plan, record, learner, plan.objective)
+    name = f"{plan.objective} (tuned)"
+    record["held_out_at_default"] = is_default
+    if is_default:
+        return record, dataclasses.replace(default_row, objective=name)
+    if options:
+        objective = make_objective(plan.objective, **options)
+    if not evolved:
+        meta_params = objective.init(jax.random.PRNGKey(0))
+    return record, evaluate_objective(objective, meta_params, inner, config.fitness, seeds,
+                                      eval_seed, name, hypers=hypers)
+
+
+def format_report(report: dict[str, Any]) -> str:
+    """:func:`format_table`, then the setting each objective was tuned to (a tuned
+    evaluation) and the declared baselines left out of the report, with the reason."""
+    parts = [format_table(report), tuning.format_tuning(report)]
+    left_out = report.get("not_reported") or {}
+    if left_out:
+        parts.append("not reported: " + "; ".join(f"{name} ({reason})"
+                                                  for name, reason in left_out.items()))
+    return "\n".join(part for part in parts if part)
+
+
 def format_table(report: dict[str, Any]) -> str:
-    """Plain-text table of mean return and 95% CI per environment and objective."""
-    rows = [("environment", "objective", f"{report['metric']} (mean)", "95% CI", "invalid")]
+    """Plain-text tables of an evaluation: per environment and objective the IQM, median and
+    mean of the held-out scores with 95% intervals; then each comparison of the evolved
+    objective with a baseline, its P(improvement), interval and verdict. A record saved
+    without ``statistics`` (an older version's) gets them computed from its returns."""
+    statistics = report.get("statistics") or environment_statistics(report["results"])
+    environments = statistics["environments"]
+    metric = report.get("metric", "score")
+    rows = [("environment", "objective", f"{metric} IQM", "95% CI", "median", "95% CI",
+             "mean", "95% CI", "invalid")]
     for r in report["results"]:
-        rows.append((r["env_id"], r["objective"], f"{r['mean']:.2f}",
-                     f"[{r['ci_low']:.2f}, {r['ci_high']:.2f}]", str(r["invalid"])))
+        estimates = environments.get(r["env_id"], {}).get("objectives", {}).get(
+            r["objective"], {})
+        cells = []
+        for name in AGGREGATES:
+            e = estimates.get(name, {"value": np.nan, "low": np.nan, "high": np.nan})
+            cells += [f"{e['value']:.2f}", f"[{e['low']:.2f}, {e['high']:.2f}]"]
+        rows.append((r["env_id"], r["objective"], *cells, str(r.get("invalid", 0))))
+    blocks = [_table(rows)]
+    found = [(env_id, c) for env_id, data in environments.items()
+             for c in data.get("comparisons", [])]
+    if found:
+        rows = [("environment", "objective", "vs baseline", "P(improvement)", "95% CI",
+                 "paired", "verdict")]
+        rows += [(env_id, c["evolved"], c["baseline"], f"{c['probability_of_improvement']:.2f}",
+                  f"[{c['low']:.2f}, {c['high']:.2f}]", "yes" if c["paired"] else "no",
+                  c["verdict"]) for env_id, c in found]
+        blocks.append(_table(rows) + "\nverdict: better / worse when the 95% interval of "
+                      "P(improvement) lies wholly above / below 0.5, else no difference found")
+    return "\n\n".join(blocks)
+
+
+def _table(rows: list[tuple[str, ...]]) -> str:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True))
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
              for row in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)

@@ -4,9 +4,10 @@ of the engine every run kind shares (:mod:`metarl.runs.engine`).
 A run directory holds the files of :mod:`metarl.runs.layout` (config, config history,
 metrics, status, lock, checkpoints, evaluations, plots) and the meta-parameter files of
 :mod:`metarl.runs.meta_params` (the best candidate and the search distribution's centre),
-written after every generation. Start, continue and read runs back through
-:mod:`metarl.kinds` (``start``, ``resume``, ``load_run``); ``es.generations`` may grow when a
-run continues, since it shapes no schedule. A run stops with
+written after every generation; with ``[fitness] tune_baseline`` also
+``baseline_tuning.json``, how the normalising baselines were tuned. Start, continue and read
+runs back through :mod:`metarl.kinds` (``start``, ``resume``, ``load_run``);
+``es.generations`` may grow when a run continues, since it shapes no schedule. A run stops with
 :class:`~metarl.runs.layout.RunStopped` when every candidate has been invalid for
 ``run.max_invalid_generations`` generations in a row.
 """
@@ -22,14 +23,18 @@ import jax
 import numpy as np
 
 from metarl.evolve.config import ExperimentConfig, config_from_dict
-from metarl.evolve.evaluate import evaluate_run, format_table
+from metarl.evolve.evaluate import evaluate_run, format_report
 from metarl.evolve.generation import Evolution, EvolutionState
 from metarl.evolve.report import plot_run
+from metarl.evolve.tuning import tuned_fitness_baselines
 from metarl.runs import engine
+from metarl.runs.layout import write_json
 from metarl.runs.meta_params import BEST_FILE, MEAN_FILE, save_meta_params
 from metarl.sharding import num_shards
 
-__all__ = ["RUN_KIND", "EvolveProgram", "RunResult", "describe_generation"]
+__all__ = ["BASELINE_TUNING_FILE", "RUN_KIND", "EvolveProgram", "RunResult",
+           "describe_generation"]
+BASELINE_TUNING_FILE = "baseline_tuning.json"
 
 
 @dataclass
@@ -61,6 +66,7 @@ class EvolveProgram:
         self.mesh = self.evolution.mesh
         self.steps = config.es.generations
         self.agent_steps_per_step = self.evolution.agent_steps_per_generation
+        self.baseline_tuning = None  # written after the first generation (tune_baseline)
 
     @property
     def config(self) -> ExperimentConfig:
@@ -76,10 +82,19 @@ class EvolveProgram:
 
     def init(self) -> EvolutionState:
         """The state before the first generation; measures the baselines' returns first
-        when fitness is normalised by them and the config does not give them."""
+        when fitness is normalised by them and the config does not give them (at their
+        best setting with ``fitness.tune_baseline``: the tuning record is kept as
+        ``baseline_tuning.json`` after the first generation)."""
         fitness = self.config.fitness
         baselines = None
-        if fitness.normalize_by_baseline and not fitness.baseline_returns:
+        if fitness.tune_baseline:
+            baselines, records = tuned_fitness_baselines(self.config, self.config.run.seed + 1,
+                                                         self.mesh)
+            self.baseline_tuning = {"seeds": fitness.baseline_seeds,
+                                    "seed": self.config.run.seed + 1,
+                                    "baselines": dict(zip(records, baselines, strict=True)),
+                                    "environments": records}
+        elif fitness.normalize_by_baseline and not fitness.baseline_returns:
             baselines = self.evolution.measure_baselines(
                 jax.random.PRNGKey(self.config.run.seed + 1))
         return self.evolution.init(baselines=baselines)
@@ -127,6 +142,9 @@ class EvolveProgram:
         if primary:
             save_meta_params(run_dir / BEST_FILE, state.best_meta_params)
             save_meta_params(run_dir / MEAN_FILE, mean)
+            if self.baseline_tuning is not None:
+                write_json(run_dir / BASELINE_TUNING_FILE, self.baseline_tuning, run_dir)
+        self.baseline_tuning = None
 
     @staticmethod
     def postfix(line: dict[str, Any]) -> dict[str, Any]:
@@ -146,7 +164,7 @@ def describe_generation(line: dict[str, Any]) -> str:
 RUN_KIND = engine.RunKind(
     name="evolve", step_key="generation", from_dict=config_from_dict, build=EvolveProgram,
     result=RunResult, plot=plot_run, describe=describe_generation,
-    evaluate=evaluate_run, format_evaluation=format_table,
+    evaluate=evaluate_run, format_evaluation=format_report,
     score_key="best_fitness", best_so_far_key="best_fitness_so_far", valid_key="valid",
     budget_field="es.generations",
     invalid="every candidate was invalid (NaN or infinite returns)",

@@ -6,7 +6,8 @@ package imports nothing of metarl beyond itself: reading a run's files, evaluati
 function on a grid and choosing reference curves are the callers' jobs (a run kind's report,
 an objective's plot hook), which pass in what is to be drawn.
 
-- :mod:`.records`: fitness per generation, learning curves of an evaluation, sweeps;
+- :mod:`.records`: fitness per generation, learning curves of an evaluation, sweeps,
+  several runs' evaluations and performance profiles;
 - :mod:`.drift`: drift functions ``D(r, A)`` and their change over training;
 - :mod:`.value_distance`: a learned value distance against L2;
 - :mod:`.population`: PBT, CEM-RL and DvD runs;

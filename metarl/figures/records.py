@@ -1,7 +1,8 @@
 """Figures of a run's records: fitness per generation, learning curves of an evaluation,
-hyperparameter sweeps. Each takes the records as they are saved (``metrics.jsonl`` lines,
-an evaluation report, a sweep report) and returns a :class:`matplotlib.figure.Figure`;
-reading them from a run directory is the caller's job (:mod:`metarl.evolve.report`).
+hyperparameter sweeps, several runs' evaluations and performance profiles. Each takes the
+records as they are saved (``metrics.jsonl`` lines, an evaluation report, a sweep report) or
+arrays computed from them and returns a :class:`matplotlib.figure.Figure`; reading them from
+a run directory is the caller's job (:mod:`metarl.evolve.report`, :mod:`metarl.evolve.compare`).
 """
 
 from __future__ import annotations
@@ -275,4 +276,48 @@ def plot_evaluation_intervals(
         ax.grid(alpha=0.3, axis="x")
         ax.legend(fontsize="small")
     fig.suptitle(title or f"Held-out evaluations of {len(labels)} runs")
+    return fig
+
+
+def plot_performance_profiles(
+    panels: Mapping[str, Mapping[str, Mapping[str, Sequence[float]]]],
+    title: str | None = None,
+) -> Figure:
+    """Performance profiles: per panel, for each objective the fraction of runs scoring
+    above each return threshold, as a step line with its interval as a band.
+
+    Args:
+        panels: ``{panel title: {objective: {"thresholds": [K], "fraction": [K],
+            "low": [K], "high": [K]}}}`` (the evolved objective's name starts with
+            ``"evolved"``; baselines by their names).
+        title: figure title.
+    """
+    if not panels:
+        raise ValueError("plot_performance_profiles: no panel to draw")
+    columns = min(len(panels), 3)
+    rows = -(-len(panels) // columns)
+    fig = new_figure(5.2 * columns, 3.9 * rows)
+    axes = np.atleast_1d(fig.subplots(rows, columns, squeeze=False).ravel())
+    for ax, (panel, curves) in zip(axes, panels.items(), strict=False):
+        for k, (objective, profile) in enumerate(curves.items()):
+            base = objective.removesuffix(" (tuned)")
+            colour = "C0" if base == "evolved" else BASELINE_COLOURS.get(base, f"C{(k + 4) % 10}")
+            style = "-" if base == "evolved" else "--"
+            x = np.asarray(profile["thresholds"], np.float64)
+            ax.step(x, np.asarray(profile["fraction"], np.float64), where="post", color=colour,
+                    ls=style, lw=2, label=objective)
+            ax.fill_between(x, np.asarray(profile["low"], np.float64),
+                            np.asarray(profile["high"], np.float64), step="post",
+                            color=colour, alpha=0.15)
+        ax.plot([], [], " ", label="bands: 95% bootstrap interval")
+        ax.set_xlabel("return threshold")
+        ax.set_ylabel("fraction of runs above")
+        ax.set_ylim(-0.02, 1.02)
+        ax.set_title(panel, fontsize="small")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize="small")
+    for ax in axes[len(panels):]:
+        ax.set_visible(False)
+    fig.suptitle(title or "Performance profiles on held-out seeds: evolved objective vs "
+                          "baselines")
     return fig

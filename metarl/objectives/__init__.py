@@ -2,10 +2,11 @@
 
 Every module of this package is imported automatically (see below), and each registers its
 objective factories with :func:`register_objective`, declaring the loss slots they fill, the
-algorithms they fit, their baselines and how a run of them is drawn; so a new objective is a
-single new file here. Build one with ``make_objective("lpo", hidden_sizes=(128,))``, read a
-declaration with :func:`get_objective` and list the names with :func:`available_objectives`.
-Registered by the modules shipped here:
+algorithms they fit, their baselines, how a run of them is drawn and what a tuned evaluation
+searches (:class:`Tunable`); so a new objective is a single new file here. Build one with
+``make_objective("lpo", hidden_sizes=(128,))``, read a declaration with
+:func:`get_objective` and list the names with :func:`available_objectives`. Registered by
+the modules shipped here:
 
 * ``"ppo"``: PPO's clipped surrogate and clipped L2 value loss (:mod:`.l2`).
 * ``"l2"``: the plain value loss ``0.5 mean((v - t)^2)``, any critic (:mod:`.l2`).
@@ -23,6 +24,7 @@ import importlib
 import pkgutil
 
 from metarl.objectives.registry import (
+    Tunable,
     available_objectives,
     get_objective,
     make_objective,
@@ -39,4 +41,5 @@ def _import_all_modules() -> None:
 
 _import_all_modules()
 
-__all__ = ["available_objectives", "get_objective", "make_objective", "register_objective"]
+__all__ = ["Tunable", "available_objectives", "get_objective", "make_objective",
+           "register_objective"]

@@ -11,6 +11,13 @@ with ``alpha = 2`` and ``beta = 0.6`` by default. Since ``u - c tanh(u / c) >= 0
 when ``u >= 0`` (and is ``O(u^3)`` near zero), the drift only penalises moves of the ratio in
 the direction the advantage rewards, and more softly than PPO's hard clip. It fills only
 PPO's policy slot. There are no meta-parameters (``{"policy": {}, "value": {}}``).
+
+``alpha`` and ``beta`` are the objective's options, and may also be traced: given in the
+policy term's meta-parameters (``{"policy": {"alpha": a, "beta": b}, "value": {}}``) they
+replace the options, so a tuning sweep (``metarl evaluate --tune``) trains every value of
+its grid, alpha 1 and 4 times beta 0.3 and 1.2 (half and twice the defaults) times the
+learning rate at 1/3, 1 and 3 times the run's own, as one program rather than one program
+per value. ``init`` still returns ``{}``: evolution has nothing to learn here.
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ import jax.numpy as jnp
 
 from inner_loops.objective import LossInputs, LossTerm, Objective, no_meta_params
 from metarl.objectives.drift import DriftFunction
-from metarl.objectives.registry import register_objective
+from metarl.objectives.registry import LEARNING_RATE, Tunable, register_objective
 
 DEFAULT_ALPHA = 2.0
 DEFAULT_BETA = 0.6
@@ -61,14 +68,15 @@ def drift(
 
 
 def dpo_term(alpha: float = DEFAULT_ALPHA, beta: float = DEFAULT_BETA) -> LossTerm:
-    """Policy loss term ``-mean(r A - drift(r, A))`` (no meta-parameters)."""
+    """Policy loss term ``-mean(r A - drift(r, A))`` (no meta-parameters; ``alpha`` and
+    ``beta`` given in the meta-parameters, ``[]`` arrays, replace the options)."""
     if alpha <= 0 or beta <= 0:
         raise ValueError(f"DPO needs alpha > 0 and beta > 0, got alpha={alpha}, beta={beta}")
 
     def loss(meta_params: dict, inputs: LossInputs) -> jax.Array:
-        del meta_params
         penalty = drift_from_log_ratio(
-            inputs.ratio, inputs.log_ratio, inputs.advantages, alpha, beta
+            inputs.ratio, inputs.log_ratio, inputs.advantages,
+            meta_params.get("alpha", alpha), meta_params.get("beta", beta),
         )
         return -jnp.mean(inputs.ratio * inputs.advantages - penalty)
 
@@ -85,7 +93,9 @@ def drift_fn(alpha: float = DEFAULT_ALPHA, beta: float = DEFAULT_BETA) -> DriftF
     return DriftFunction(closed_form, f"DPO drift (α = {alpha:g}, β = {beta:g})")
 
 
-@register_objective("dpo", slots=("policy",), algorithms=("ppo",), baselines=("ppo",))
+@register_objective("dpo", slots=("policy",), algorithms=("ppo",), baselines=("ppo",),
+                    tunables=(Tunable("alpha", (1.0, 4.0), option=True),
+                              Tunable("beta", (0.3, 1.2), option=True), LEARNING_RATE))
 def make_dpo(alpha: float = DEFAULT_ALPHA, beta: float = DEFAULT_BETA) -> Objective:
     """DPO's closed-form drift as PPO's policy loss."""
     return Objective(policy=dpo_term(alpha, beta))

@@ -11,27 +11,38 @@
   usual TD loss).
 
 None has meta-parameters: every term's ``init`` returns ``{}``.
+
+What a tuned evaluation (``metarl evaluate --tune``) searches when one of them is a
+baseline: ``l2`` and ``huber`` the value loss's weight ``vf_coef`` over 0.03, 0.1, 0.3, 1
+(absolute; PPO's default is 0.5) times the learning rate at 1/3, 1 and 3 times the run's own;
+``ppo`` its clip range ``clip_eps`` over 0.05, 0.1, 0.2, 0.4 times the same learning rates.
+Every grid has 12 settings.
 """
 
 from __future__ import annotations
 
 from inner_loops.objective import Objective, huber, ppo_objective, squared_error
-from metarl.objectives.registry import register_objective
+from metarl.objectives.registry import LEARNING_RATE, VF_COEF, Tunable, register_objective
+
+CLIP_EPS = Tunable("clip_eps", (0.05, 0.1, 0.2, 0.4))
 
 
-@register_objective("ppo", slots=("policy", "value"), algorithms=("ppo",))
+@register_objective("ppo", slots=("policy", "value"), algorithms=("ppo",),
+                    tunables=(CLIP_EPS, LEARNING_RATE))
 def make_ppo() -> Objective:
     """Standard PPO: clipped surrogate and clipped L2 value loss."""
     return ppo_objective()
 
 
-@register_objective("l2", slots=("value",), baselines=("ppo",))
+@register_objective("l2", slots=("value",), baselines=("ppo",),
+                    tunables=(VF_COEF, LEARNING_RATE))
 def make_l2() -> Objective:
     """The plain unclipped L2 value loss."""
     return Objective(value=squared_error())
 
 
-@register_objective("huber", slots=("value",), baselines=("l2",))
+@register_objective("huber", slots=("value",), baselines=("l2",),
+                    tunables=(VF_COEF, LEARNING_RATE))
 def make_huber() -> Objective:
     """The Huber value loss (threshold 1)."""
     return Objective(value=huber())

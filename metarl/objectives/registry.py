@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -57,6 +58,56 @@ RunFigures = Callable[[RunFigureRequest], dict[str, Any]]
 
 
 @dataclass(frozen=True)
+class Tunable:
+    """One knob a tuned evaluation (``metarl evaluate --tune``) searches over, and its grid.
+
+    Attributes:
+        name: a field of the algorithm's traced ``Hyperparams`` (``learning_rate``,
+            ``vf_coef``, ``clip_eps``, ...), or, with ``option``, an option of the
+            objective's factory (DPO's ``alpha``).
+        values: the grid, in the order it is searched.
+        relative: the values are multiples of the run's own setting of ``name`` (a
+            learning rate ``x 1/3, x 1, x 3``); otherwise they are absolute values.
+        shared: the knob belongs to training rather than to this objective (the learning
+            rate): the evolved objective is tuned over the shared knobs of its baselines,
+            with the same budget (:mod:`metarl.evolve.tuning`).
+        option: ``name`` is an option of the objective, not a hyperparameter. The loss term
+            of ``slot`` reads it from its meta-parameters when they hold it
+            (``meta_params.get(name, option_value)``), so a sweep traces it and every grid
+            value trains in one program; its ``init`` still returns ``{}``, so evolution
+            sees nothing to learn.
+        slot: the slot whose term reads the option (default: the objective's only slot).
+    """
+
+    name: str
+    values: tuple[float, ...]
+    relative: bool = False
+    shared: bool = False
+    option: bool = False
+    slot: str | None = None
+
+    def __post_init__(self):
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError(f"tunable: a knob needs a name, got {self.name!r}")
+        values = tuple(self.values)
+        if not values or any(isinstance(v, bool) or not isinstance(v, int | float)
+                             or not math.isfinite(v) for v in values):
+            raise ValueError(f"tunable {self.name}: values must be finite numbers, got "
+                             f"{self.values!r}")
+        if len(set(values)) != len(values):
+            raise ValueError(f"tunable {self.name}: values must be distinct, got {values!r}")
+        object.__setattr__(self, "values", tuple(float(v) for v in values))
+        if self.slot is not None and self.slot not in SLOTS:
+            raise ValueError(f"tunable {self.name}: slot must be one of {SLOTS}, got "
+                             f"{self.slot!r}")
+
+
+# The knobs the shipped objectives share: grids documented in docs/guides/objectives.md.
+LEARNING_RATE = Tunable("learning_rate", (1 / 3, 1.0, 3.0), relative=True, shared=True)
+VF_COEF = Tunable("vf_coef", (0.03, 0.1, 0.3, 1.0))
+
+
+@dataclass(frozen=True)
 class RegisteredObjective:
     """One registered objective and its declaration.
 
@@ -69,6 +120,8 @@ class RegisteredObjective:
         baselines: registered objectives ``metarl evaluate`` compares it with by default
             (those that fit the run's algorithm).
         plot: draws a run's learned loss (see :data:`RunFigures`); ``None``: nothing to draw.
+        tunables: what ``metarl evaluate --tune`` searches over when this objective is a
+            baseline (:class:`Tunable`); the grid is their product.
     """
 
     name: str
@@ -77,6 +130,7 @@ class RegisteredObjective:
     algorithms: tuple[str, ...] | None = None
     baselines: tuple[str, ...] = ()
     plot: RunFigures | None = None
+    tunables: tuple[Tunable, ...] = ()
 
     @property
     def description(self) -> str:
@@ -113,6 +167,7 @@ def register_objective(
     algorithms: tuple[str, ...] | None = None,
     baselines: tuple[str, ...] = (),
     plot: RunFigures | None = None,
+    tunables: tuple[Tunable, ...] = (),
 ) -> Callable[[ObjectiveFactory], ObjectiveFactory]:
     """Decorator registering ``factory(**options) -> Objective`` under ``name``.
 
@@ -122,6 +177,8 @@ def register_objective(
         algorithms: the algorithms it fits (``None``: any that has ``slots``).
         baselines: objectives to compare it with in ``metarl evaluate``.
         plot: how a run of it is drawn (:data:`RunFigures`).
+        tunables: the knobs and grids a tuned evaluation searches (:class:`Tunable`);
+            an option knob must be an argument of the factory.
 
     Registering a different factory under a taken name is an error; re-registering the same
     function (e.g. when its module is reloaded) replaces the old entry.
@@ -133,8 +190,14 @@ def register_objective(
         raise ValueError(f"objective {name!r}: slots must be a non-empty subset of {SLOTS}, "
                          f"got {slots!r}")
     slots = tuple(slot for slot in SLOTS if slot in slots)  # canonical order
+    tunables = _checked_tunables(name, slots, tunables)
 
     def decorator(factory: ObjectiveFactory) -> ObjectiveFactory:
+        options = inspect.signature(factory).parameters
+        unknown = [t.name for t in tunables if t.option and t.name not in options]
+        if unknown:
+            raise ValueError(f"objective {name!r}: tunable option(s) {unknown} are not "
+                             f"arguments of {factory.__qualname__}")
         previous = _REGISTRY.get(name)
         if previous is not None and (
             previous.factory.__module__ != factory.__module__
@@ -146,11 +209,35 @@ def register_objective(
             )
         _REGISTRY[name] = RegisteredObjective(
             name, factory, slots, None if algorithms is None else tuple(algorithms),
-            tuple(baselines), plot,
+            tuple(baselines), plot, tunables,
         )
         return factory
 
     return decorator
+
+
+def _checked_tunables(name: str, slots: tuple[str, ...], tunables) -> tuple[Tunable, ...]:
+    """``tunables`` as a tuple, each option's slot filled in; the errors name the knob."""
+    checked = []
+    for tunable in tuple(tunables):
+        if not isinstance(tunable, Tunable):
+            raise ValueError(f"objective {name!r}: tunables must be Tunable, got {tunable!r}")
+        if tunable.option:
+            if tunable.relative:
+                raise ValueError(f"objective {name!r}: option {tunable.name!r} cannot be "
+                                 "relative (only hyperparameters have a run's own value)")
+            slot = tunable.slot
+            if slot is None and len(slots) == 1:
+                slot = slots[0]
+            if slot not in slots:
+                raise ValueError(f"objective {name!r}: option {tunable.name!r} needs a slot "
+                                 f"among {list(slots)}, got {tunable.slot!r}")
+            tunable = dataclasses.replace(tunable, slot=slot)
+        checked.append(tunable)
+    names = [t.name for t in checked]
+    if len(set(names)) != len(names):
+        raise ValueError(f"objective {name!r}: a tunable is named twice in {names}")
+    return tuple(checked)
 
 
 def available_objectives() -> list[str]:

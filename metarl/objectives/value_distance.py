@@ -18,11 +18,24 @@ and ``d(0) = 0``, and, with the output layer starting at zero, starts from exact
 ``0.5 mean((v - t)^2)``. ``l2_residual`` also starts at L2; ``raw`` starts at a random
 network. There is no value clipping.
 
+With ``learn_scale=True`` the search also covers the loss's overall scale: a learned scalar
+``s`` (starting at 0, so the initial loss is unchanged) multiplies every form,
+``L_v = exp(s) mean_i d(v_i - t_i)``. ``g(0) = 0`` pins the weight of small errors to L2's,
+so without ``s`` evolution cannot rescale the value loss as a whole, which is what PPO's
+``vf_coef`` does for a baseline (and what ``metarl evaluate --tune`` tunes for L2).
+
+With ``learn_scale=True`` the search also covers the loss's overall scale: a learned scalar
+``s`` (starting at 0, so the initial loss is unchanged) multiplies every form,
+``L_v = exp(s) mean_i d(v_i - t_i)``. ``g(0) = 0`` pins the weight of small errors to L2's,
+so without ``s`` evolution cannot rescale the value loss as a whole, which is what PPO's
+``vf_coef`` does for a baseline (and what ``metarl evaluate --tune`` tunes for L2).
+
 The objective fills only the value slot, so it fits every algorithm with a critic: PPO keeps
 its clipped surrogate, and off-policy critics regress their TD targets under ``d``.
 
 Meta-parameters: ``{"policy": {}, "value": {"layers": [{"w": [1, h1], "b": [h1]}, ...,
-{"w": [hL, 1], "b": [1]}]}}``, float32.
+{"w": [hL, 1], "b": [1]}]}}``, float32, and with ``learn_scale`` also ``"log_scale": []``
+in ``"value"``.
 """
 
 from __future__ import annotations
@@ -48,14 +61,27 @@ def init_value_distance(
     key: jax.Array,
     hidden_sizes: Sequence[int] = DEFAULT_HIDDEN_SIZES,
     form: str = "scaled_l2",
+    learn_scale: bool = False,
 ) -> dict:
-    """Meta-parameters of the network ``1 -> hidden_sizes -> 1`` (tanh).
+    """Meta-parameters of the network ``1 -> hidden_sizes -> 1`` (tanh), and with
+    ``learn_scale`` the overall log-scale ``"log_scale"`` (``[]``, zero).
 
     Except in the ``raw`` form the output layer is zero, so ``d(x) = 0.5 x^2`` initially.
     """
     _check_form(form)
     sizes = (1, *tuple(hidden_sizes), 1)
-    return init_mlp(key, sizes, use_bias=True, zero_last=form != "raw")
+    params = init_mlp(key, sizes, use_bias=True, zero_last=form != "raw")
+    if learn_scale:
+        params["log_scale"] = jnp.zeros((), jnp.float32)
+    return params
+
+
+def overall_scale(meta_params: dict) -> jax.Array:
+    """``exp(s)`` of the learned log-scale ``s`` (1 when the meta-parameters have none),
+    with ``s`` clipped to ``±MAX_LOG_SCALE``."""
+    if "log_scale" not in meta_params:
+        return jnp.float32(1.0)
+    return jnp.exp(jnp.clip(meta_params["log_scale"], -MAX_LOG_SCALE, MAX_LOG_SCALE))
 
 
 def _check_form(form: str) -> None:
@@ -78,7 +104,8 @@ def value_distance(meta_params: dict, x: jax.Array, form: str = "scaled_l2") -> 
     """The learned distance ``d`` applied elementwise.
 
     Args:
-        meta_params: the value term's meta-parameters (``{"layers": [...]}``).
+        meta_params: the value term's meta-parameters (``{"layers": [...]}``, with
+            ``"log_scale"`` when the overall scale is learned).
         x: ``[...]`` errors ``value - target`` of any shape.
         form: ``scaled_l2``, ``l2_residual`` or ``raw`` (must match how it was built).
 
@@ -88,24 +115,32 @@ def value_distance(meta_params: dict, x: jax.Array, form: str = "scaled_l2") -> 
     _check_form(form)
     x = jnp.asarray(x, jnp.float32)
     shape = learned_shape(meta_params, x)
+    scale = overall_scale(meta_params)
     if form == "raw":
-        return shape
+        return scale * shape
     if form == "l2_residual":
-        return 0.5 * jnp.square(x) + shape
-    return 0.5 * jnp.square(x) * jnp.exp(jnp.minimum(shape, MAX_LOG_SCALE))
+        return scale * (0.5 * jnp.square(x) + shape)
+    return scale * 0.5 * jnp.square(x) * jnp.exp(jnp.minimum(shape, MAX_LOG_SCALE))
 
 
 def value_distance_term(
-    hidden_sizes: Sequence[int] = DEFAULT_HIDDEN_SIZES, form: str = "scaled_l2"
+    hidden_sizes: Sequence[int] = DEFAULT_HIDDEN_SIZES, form: str = "scaled_l2",
+    learn_scale: bool = False,
 ) -> LossTerm:
-    """The value loss term ``mean(d(values - targets))``."""
+    """The value loss term ``mean(d(values - targets))`` (times ``exp(s)`` with
+    ``learn_scale``)."""
     _check_form(form)
+    if not isinstance(learn_scale, bool):
+        raise ValueError(f"learn_scale: expected true or false, got {learn_scale!r}")
     hidden_sizes = tuple(int(h) for h in hidden_sizes)
 
     def init(key: jax.Array) -> dict:
-        return init_value_distance(key, hidden_sizes, form)
+        return init_value_distance(key, hidden_sizes, form, learn_scale)
 
     def loss(meta_params: dict, inputs: LossInputs) -> jax.Array:
+        return overall_scale(meta_params) * unscaled_loss(meta_params, inputs)
+
+    def unscaled_loss(meta_params: dict, inputs: LossInputs) -> jax.Array:
         errors = inputs.values - inputs.targets
         shape = learned_shape(meta_params, errors)
         # Each form reduces to the L2 loss 0.5 mean(x^2) with its initial network.
@@ -193,7 +228,8 @@ def _figures(request) -> dict:
 @register_objective("value_distance", slots=("value",), baselines=("ppo", "l2", "huber"),
                     plot=_figures)
 def make_value_distance(
-    hidden_sizes: Sequence[int] = DEFAULT_HIDDEN_SIZES, form: str = "scaled_l2"
+    hidden_sizes: Sequence[int] = DEFAULT_HIDDEN_SIZES, form: str = "scaled_l2",
+    learn_scale: bool = False,
 ) -> Objective:
     """A learned value distance as the critic's loss (see the module docstring)."""
-    return Objective(value=value_distance_term(hidden_sizes, form))
+    return Objective(value=value_distance_term(hidden_sizes, form, learn_scale))

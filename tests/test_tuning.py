@@ -1,0 +1,298 @@
+"""Tuned baselines (``metarl evaluate --tune``): each objective searches its declared grid on
+tuning seeds as one program, the evolved objective gets the same budget over the shared
+knobs, the record keeps grids, scores and choices, and bad options are named.
+
+One tiny tuned evaluation (CartPole PPO, 2048 steps, 2 tuning seeds, 2 x 2 grids) is made
+once for the module and read by most tests: compilation dominates on the CPU. The run
+directory is written by hand (config and the objective's initial meta-parameters): an
+evaluation needs no evolution, and the learned value distance starts exactly at L2.
+"""
+
+from __future__ import annotations
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from inner_loops.dqn import DQNConfig
+from inner_loops.objective import LossInputs
+from inner_loops.ppo import PPOConfig
+from metarl.cli import main
+from metarl.config import ConfigError
+from metarl.evolve.config import config_from_dict
+from metarl.evolve.evaluate import DEFAULT_EVAL_SEED, evaluate_run
+from metarl.evolve.tuning import (
+    DEFAULT_TUNE_SEED,
+    evolved_plan,
+    fill_grid,
+    objective_plan,
+    tune_objective,
+    tuning_keys,
+)
+from metarl.kinds import evaluate
+from metarl.objectives import get_objective, make_objective
+from metarl.runs.meta_params import MEAN_FILE, save_meta_params
+
+TINY = {
+    "name": "tiny_tuning",
+    "objective": {"name": "value_distance", "options": {"hidden_sizes": [8]}},
+    "inner": {"env_id": "CartPole-v1", "num_envs": 4, "num_steps": 32,
+              "total_timesteps": 2048, "update_epochs": 2, "num_minibatches": 2,
+              "hidden_sizes": [16], "learning_rate": 0.005},
+}
+# x1e-6 of the run's learning rate: agents that cannot learn, which tuning must not choose
+GRID = {"vf_coef": [0.1, 1.0], "learning_rate": [1e-6, 1.0]}
+OPTIONS = {"seeds": 2, "baselines": ["l2"], "tune": True, "tune_seeds": 2, "tune_grid": GRID}
+
+
+def write_run(run_dir, data=TINY):
+    """A run directory as evaluation reads it: config.json and the search mean."""
+    run_dir.mkdir(parents=True)
+    config = config_from_dict(data)
+    (run_dir / "config.json").write_text(json.dumps(config.to_dict()))
+    save_meta_params(run_dir / MEAN_FILE, config.objective.build().init(jax.random.PRNGKey(0)))
+    return run_dir
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    return write_run(tmp_path_factory.mktemp("tuning") / "run")
+
+
+@pytest.fixture(scope="module")
+def tuned(run_dir, compilations):
+    """The tuned evaluation, and the names of the programs compiled while it ran."""
+    before = len(compilations.events)
+    report = evaluate_run(run_dir, **OPTIONS)
+    return report, [name for _, name, _ in compilations.events[before:]]
+
+
+def test_tuning_is_one_program_per_objective(tuned):
+    _, compiled = tuned
+    assert compiled.count("jit(sweep_program)") == 2  # the evolved objective's and l2's
+
+
+def test_the_record_keeps_grids_scores_choices_and_both_rows(tuned):
+    report, _ = tuned
+    assert [r["objective"] for r in report["results"]] == [
+        "evolved", "l2", "evolved (tuned)", "l2 (tuned)"]
+    records = report["tuning"]["environments"]["CartPole-v1"]
+    assert list(records) == ["evolved", "l2"]
+    l2 = records["l2"]
+    assert l2["grid"] == GRID and l2["relative_to"] == {"learning_rate": 0.005}
+    assert [s["setting"] for s in l2["settings"]] == [
+        {"vf_coef": v, "learning_rate": lr} for v in (0.1, 1.0) for lr in (5e-9, 0.005)]
+    for setting in l2["settings"]:
+        assert len(setting["returns"]) == 2 and setting["invalid"] == 0
+        assert setting["ci_low"] <= setting["mean"] <= setting["ci_high"]
+    assert l2["chosen"] == l2["settings"][l2["chosen_index"]]["setting"]
+    assert report["tuning"]["seeds"] == 2 and report["tuning"]["tune_seed"] == DEFAULT_TUNE_SEED
+    tuned_row = report["results"][3]
+    assert len(tuned_row["returns"]) == 2 and tuned_row["invalid"] == 0
+    # the spec names the tuning, so a tuned and an untuned evaluation are two records
+    assert report["spec"]["tune"]["seeds"] == 2
+    assert report["spec"]["tune"]["grids"]["CartPole-v1"]["l2"] == GRID
+
+
+def test_a_learning_rate_at_which_agents_cannot_learn_is_not_chosen(tuned):
+    report, _ = tuned
+    for name, record in report["tuning"]["environments"]["CartPole-v1"].items():
+        means = [s["mean"] for s in record["settings"]]
+        assert record["chosen_index"] == int(np.argmax(means)), name
+        assert record["chosen"]["learning_rate"] == 0.005, name
+        frozen = [s["mean"] for s in record["settings"] if s["setting"]["learning_rate"] < 1e-6]
+        assert max(frozen) < max(means) - 5, name
+
+
+def test_the_evolved_objective_gets_the_baselines_budget(tuned):
+    report, _ = tuned
+    records = report["tuning"]["environments"]["CartPole-v1"]
+    evolved, l2 = records["evolved"], records["l2"]
+    assert evolved["budget"] == l2["budget"] == {"settings": 4, "seeds": 2, "runs": 8}
+    assert list(evolved["grid"]) == ["learning_rate"]  # the shared knob only
+    assert {1e-6, 1.0} <= set(evolved["grid"]["learning_rate"])
+    assert len(evolved["settings"]) == len(l2["settings"])
+
+
+def test_left_out_baselines_are_named(tuned, run_dir, capsys):
+    report, _ = tuned
+    assert report["not_reported"] == {"ppo": "left out by baselines=l2",
+                                      "huber": "left out by baselines=l2"}
+    flags = ["--seeds", "2", "--baselines", "l2", "--tune", "--tune-seeds", "2",
+             "--tune-grid", "vf_coef=0.1,1", "--tune-grid", "learning_rate=1e-6,1"]
+    assert main(["evaluate", str(run_dir), *flags]) == 0  # the same evaluation: reused
+    out = capsys.readouterr().out
+    assert "reusing" in out and "l2 (tuned)" in out
+    assert "not reported: ppo (left out by baselines=l2); huber (left out by" in out
+    assert "learning_rate=0.005 (x1)" in out
+
+
+def test_an_untuned_evaluation_is_another_record_with_the_same_default_rows(tuned, run_dir):
+    report, _ = tuned
+    untuned = evaluate_run(run_dir, seeds=2, baselines=["l2"])
+    assert not untuned["reused"] and untuned["id"] != report["id"]
+    assert "tune" not in untuned["spec"] and "tuning" not in untuned
+    assert [r["returns"] for r in untuned["results"]] == [
+        r["returns"] for r in report["results"][:2]]
+
+
+def test_tuning_seeds_are_apart_from_the_held_out_seeds(run_dir):
+    from metarl import cli
+
+    assert cli.DEFAULT_TUNE_SEED == DEFAULT_TUNE_SEED  # the command line's default
+    tuning = np.asarray(tuning_keys(DEFAULT_TUNE_SEED, 64))
+    held_out = np.asarray(jax.random.split(jax.random.PRNGKey(DEFAULT_EVAL_SEED), 64))
+    assert not {tuple(k) for k in tuning} & {tuple(k) for k in held_out}
+    with pytest.raises(ConfigError, match="tune_seed: 10007 is the root of eval_seed"):
+        evaluate_run(run_dir, **{**OPTIONS, "tune_seed": DEFAULT_EVAL_SEED})
+    with pytest.raises(ConfigError, match=r"tune_seed: 1 is the root of run.seed \+ 1"):
+        evaluate_run(run_dir, **{**OPTIONS, "tune_seed": 1})
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    ({"tune_grid": {"clip_eps": [0.1]}},
+     "tune_grid: unknown knob 'clip_eps'; the objectives tuned here \\(l2\\) declare: "
+     "learning_rate, vf_coef"),
+    ({"tune_grid": {"vf_coef": [-1.0, 1.0]}},
+     "tune_grid vf_coef: -1 is not allowed: inner.vf_coef: must be >= 0"),
+    ({"tune_grid": {"learning_rate": [0.0, 1.0]}},
+     r"tune_grid learning_rate: 0 \(x0 of the run's 0.005\) is not allowed: "
+     "inner.learning_rate: must be positive"),
+    ({"tune_grid": {"vf_coef": [0.1, 0.1]}}, "tune_grid vf_coef: give distinct values"),
+    ({"tune_seeds": 1}, "tune_seeds: need at least 2"),
+    ({"tune": False}, "tune_seeds, tune_grid: only with tune=True"),
+])
+def test_bad_tuning_options_are_named(run_dir, options, message):
+    with pytest.raises(ConfigError, match=message):
+        evaluate_run(run_dir, **{**OPTIONS, **options})
+
+
+def test_tuning_is_refused_for_kinds_that_cannot_tune(tmp_path, capsys):
+    run_dir = tmp_path / "pbt"
+    run_dir.mkdir()
+    (run_dir / "config.json").write_text(json.dumps({"kind": "pbt"}))
+    with pytest.raises(ConfigError, match="tune: a pbt run cannot be tuned"):
+        evaluate(run_dir, tune=True)
+    assert main(["evaluate", str(run_dir), "--tune"]) == 2
+    assert "--tune: only for evolution runs" in capsys.readouterr().err
+
+
+def test_knobs_the_algorithm_lacks_are_skipped_with_the_reason():
+    dqn = DQNConfig(total_timesteps=4096)
+    plan = objective_plan("l2", dqn)
+    assert [knob.name for knob in plan.knobs] == ["learning_rate"]
+    assert plan.skipped["vf_coef"].startswith("dqn has no hyperparameter vf_coef")
+    with pytest.raises(ConfigError, match="tune_grid vf_coef: dqn has no hyperparameter"):
+        objective_plan("l2", dqn, {"vf_coef": (0.1,)})
+    assert evolved_plan("evolved", [plan]).settings == plan.settings == 3
+
+
+def test_shipped_grids_give_every_objective_twelve_settings():
+    plans = [objective_plan(name, PPOConfig()) for name in ("ppo", "l2", "huber", "dpo")]
+    assert [plan.settings for plan in plans] == [12, 12, 12, 12]
+    assert plans[1].grid == {"vf_coef": [0.03, 0.1, 0.3, 1.0],
+                             "learning_rate": [1 / 3, 1.0, 3.0]}
+    evolved = evolved_plan("evolved", plans)
+    assert evolved.settings == 12 and list(evolved.grid) == ["learning_rate"]
+    rates = evolved.grid["learning_rate"]
+    assert {1 / 3, 1.0, 3.0} <= set(rates) and rates == sorted(rates)
+    assert fill_grid([1.0, 4.0], 3) == [1.0, 2.0, 4.0]
+    assert fill_grid([0.0, 1.0], 3) == [0.0, 0.5, 1.0]
+
+
+def test_dpo_reads_alpha_and_beta_traced_from_its_meta_params():
+    inputs = LossInputs(ratio=jnp.array([0.5, 0.9, 1.3, 2.0]),
+                        log_ratio=jnp.log(jnp.array([0.5, 0.9, 1.3, 2.0])),
+                        advantages=jnp.array([1.0, -2.0, 3.0, -0.5]))
+    default = make_objective("dpo")
+    assert default.init(jax.random.PRNGKey(0)) == {"policy": {}, "value": {}}
+    traced = {"policy": {"alpha": jnp.float32(4.0), "beta": jnp.float32(0.3)}, "value": {}}
+    static = make_objective("dpo", alpha=4.0, beta=0.3)
+    np.testing.assert_allclose(default.policy_loss(traced, inputs),
+                               static.policy_loss({"policy": {}, "value": {}}, inputs))
+    assert not np.isclose(default.policy_loss(traced, inputs),
+                          default.policy_loss({"policy": {}, "value": {}}, inputs))
+    with pytest.raises(ConfigError, match="tune_grid alpha: -1 is not allowed for objective "
+                                          "'dpo': DPO needs alpha > 0"):
+        objective_plan("dpo", PPOConfig(), {"alpha": (-1.0, 2.0)})
+
+
+def test_dpo_options_are_swept_in_one_program(compilations):
+    inner = config_from_dict(TINY).inner[0]
+    plan = objective_plan("dpo", inner, {"alpha": (0.01, 4.0), "beta": (0.6,),
+                                         "learning_rate": (1.0,)})
+    before = len(compilations.events)
+    record = tune_objective(plan, make_objective("dpo"), inner, config_from_dict(TINY).fitness,
+                            seeds=2, tune_seed=DEFAULT_TUNE_SEED)
+    compiled = [name for _, name, _ in compilations.events[before:]]
+    assert compiled.count("jit(sweep_program)") == 1
+    assert [s["setting"]["alpha"] for s in record["settings"]] == [0.01, 4.0]
+    first, second = (s["returns"] for s in record["settings"])
+    assert first != second  # the traced alpha reaches the loss
+    assert get_objective("dpo").tunables[0].option
+
+
+# --------------------------------------------------------------------------------------
+# the value distance's overall scale, and fitness normalised by the tuned baseline
+
+
+def test_the_value_distance_can_learn_its_overall_scale_starting_at_l2():
+    inputs = LossInputs(values=jnp.array([0.5, -2.0, 3.0]), targets=jnp.array([0.0, 1.0, 1.0]))
+    scaled = make_objective("value_distance", hidden_sizes=(8,), learn_scale=True)
+    plain = make_objective("value_distance", hidden_sizes=(8,))
+    params = scaled.init(jax.random.PRNGKey(1))
+    assert params["value"]["log_scale"] == 0.0
+    assert "log_scale" not in plain.init(jax.random.PRNGKey(1))["value"]  # old runs load
+    l2 = make_objective("l2").value_loss({"policy": {}, "value": {}}, inputs)
+    assert scaled.value_loss(params, inputs) == l2  # unchanged at initialisation
+    params["value"]["log_scale"] = jnp.log(jnp.float32(0.03))
+    np.testing.assert_allclose(scaled.value_loss(params, inputs), 0.03 * l2, rtol=1e-6)
+    from metarl.objectives.value_distance import value_distance
+
+    np.testing.assert_allclose(value_distance(params["value"], jnp.array([2.0])), [0.06],
+                               rtol=1e-6)
+    with pytest.raises(ValueError, match="learn_scale: expected true or false"):
+        make_objective("value_distance", learn_scale="yes")
+
+
+@pytest.mark.parametrize(("fitness", "message"), [
+    ({"tune_baseline": True}, "fitness.tune_baseline: only with normalize_by_baseline"),
+    ({"tune_baseline": True, "normalize_by_baseline": True, "baseline_returns": [100.0]},
+     "fitness.tune_baseline: baseline_returns are given"),
+    ({"tune_baseline": True, "normalize_by_baseline": True, "baseline_seeds": 1},
+     "fitness.baseline_seeds: tuning the baseline needs at least 2"),
+])
+def test_a_tuned_fitness_baseline_names_what_it_needs(fitness, message):
+    with pytest.raises(ConfigError, match=message):
+        config_from_dict({**TINY, "fitness": fitness})
+
+
+def test_fitness_can_be_normalised_by_the_tuned_ppo_baseline(tmp_path, compilations):
+    from metarl.evolve.kind import BASELINE_TUNING_FILE, EvolveProgram
+
+    config = config_from_dict({
+        **TINY, "inner": {**TINY["inner"], "total_timesteps": 512},
+        "fitness": {"normalize_by_baseline": True, "tune_baseline": True,
+                    "baseline_seeds": 2},
+        "run": {"progress": False},
+    })
+    program = EvolveProgram(config)
+    before = len(compilations.events)
+    state = program.init()
+    compiled = [name for _, name, _ in compilations.events[before:]]
+    assert compiled.count("jit(sweep_program)") == 1
+    record = program.baseline_tuning["environments"]["CartPole-v1"]
+    assert record["grid"] == {"clip_eps": [0.05, 0.1, 0.2, 0.4],
+                              "learning_rate": [1 / 3, 1.0, 3.0]}
+    means = [s["mean"] for s in record["settings"]]
+    assert float(state.baselines[0]) == pytest.approx(max(means))
+    default = next(s for s in record["settings"]
+                   if s["setting"] == {"clip_eps": 0.2, "learning_rate": 0.005})
+    assert float(state.baselines[0]) >= default["mean"]
+    program.after_step(tmp_path, state, primary=True)
+    saved = json.loads((tmp_path / BASELINE_TUNING_FILE).read_text())
+    assert saved["baselines"] == {"CartPole-v1": pytest.approx(float(state.baselines[0]))}
+    assert saved["seed"] == config.run.seed + 1
