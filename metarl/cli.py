@@ -64,7 +64,8 @@ EVOLVE_ONLY_OPTIONS = (  # (flag, keyword of evaluate_run, default on the comman
     ("--env", "env_ids", []), ("--seeds", "seeds", 16), ("--baselines", "baselines", None),
     ("--which", "which", "mean"), ("--total-timesteps", "total_timesteps", None),
     ("--tune", "tune", False), ("--tune-seeds", "tune_seeds", 8),
-    ("--tune-seed", "tune_seed", DEFAULT_TUNE_SEED), ("--tune-grid", "tune_grid", []))
+    ("--tune-seed", "tune_seed", DEFAULT_TUNE_SEED), ("--tune-grid", "tune_grid", []),
+    ("--across", "across", None))
 
 
 def _evaluate(args) -> int:
@@ -91,6 +92,11 @@ def _evaluate(args) -> int:
             from metarl.config import ConfigError
 
             raise ConfigError("--tune-grid: a knob is given twice")
+    if options.get("across"):
+        from metarl.sweep import parse_grid
+
+        axis = parse_grid(options["across"], "--across")
+        options["across"] = {axis.name: list(axis.values)}
     report = evaluate(args.run_dir, **options)
     print(format_evaluation(args.run_dir, report))
     if report.get("reused"):
@@ -269,6 +275,11 @@ def _add_reading_commands(commands) -> None:
                           help="replace a knob's grid for every objective that declares it, "
                                "e.g. --tune-grid vf_coef=0.01,0.1,1 or learning_rate=0.5,1,2 "
                                "(multiples of the run's learning rate); repeatable")
+    evaluate.add_argument("--across", default=None, metavar="KNOB=V1,V2,...",
+                          help="also train every objective at each value of one traced "
+                               "hyperparameter on the held-out seeds, e.g. --across "
+                               "learning_rate=1e-4,3e-4,1e-3: per-value IQM in the record "
+                               "and plots/across_<n>.png, one line per objective")
     evaluate.set_defaults(handler=_evaluate)
 
     plot = commands.add_parser("plot", help="draw the learned objective and the run as PNGs")

@@ -19,6 +19,7 @@ Each kind describes itself with a :class:`~metarl.runs.engine.RunKind` (its modu
     resume(result.run_dir, generations=20)      # evolution runs may extend their budget
     report = evaluate(result.run_dir, seeds=8)  # options as the kind's evaluate takes them
     tuned = evaluate(result.run_dir, tune=True)  # baselines tuned first (evolution runs)
+    robust = evaluate(result.run_dir, across={"learning_rate": [1e-4, 3e-4, 1e-3]})
     plot(result.run_dir)
 
 Importing this module starts no JAX computation.
@@ -121,8 +122,8 @@ def evaluate(run_dir: str | Path, **options) -> dict[str, Any]:
     ``evaluations/`` (an identical evaluation made before is reused unless
     ``rerun=True``). Every kind takes ``eval_seed`` and ``rerun``; an evolution run also
     takes the options of :func:`metarl.evolve.evaluate.evaluate_run` (``seeds``,
-    ``baselines``, ``which``, ``tune``, ``tune_seeds``, ...). An option the kind does not
-    take is a :class:`~metarl.config.ConfigError` naming it."""
+    ``baselines``, ``which``, ``tune``, ``tune_seeds``, ``across``, ...). An option the kind
+    does not take is a :class:`~metarl.config.ConfigError` naming it."""
     spec = kind_spec(run_kind(run_dir))
     accepted = [name for name in inspect.signature(spec.evaluate).parameters
                 if name != "run_dir"]
@@ -132,6 +133,10 @@ def evaluate(run_dir: str | Path, **options) -> dict[str, Any]:
         raise ConfigError(f"{', '.join(tuning)}: a {spec.name} run cannot be tuned: tuning "
                           "searches the settings of the objectives an evolved objective is "
                           "compared with, so only evolution runs take it")
+    if "across" in unknown:
+        raise ConfigError(f"across: a {spec.name} run cannot be evaluated across a "
+                          "hyperparameter: that trains the objectives an evolution run "
+                          "compares, so only evolution runs take it")
     if unknown:
         raise ConfigError(f"{', '.join(unknown)}: not an evaluation option of a {spec.name} "
                           f"run; it takes {', '.join(accepted)}")

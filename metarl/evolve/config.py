@@ -44,6 +44,7 @@ from metarl.config import (
     plain,
     refuse_tables,
 )
+from metarl.population.priors import Prior, hyperparameter_fields
 
 STRATEGIES = ("Open_ES", "SNES", "CMA_ES", "Sep_CMA_ES", "PGPE")
 ANTITHETIC_STRATEGIES = ("Open_ES", "PGPE")
@@ -153,6 +154,17 @@ class FitnessConfig:
             seeds, one program per environment, and the best setting's mean return
             normalises (:func:`metarl.evolve.tuning.tuned_fitness_baselines`). Needs
             ``normalize_by_baseline``, no ``baseline_returns`` and at least 2 seeds.
+        hyperparameter_ranges: robust fitness: traced hyperparameter name -> the range
+            every training run draws its value from, ``{ low, high }`` (uniform) or
+            ``{ low, high, log = true }`` (log-uniform, ``low > 0``), e.g.
+            ``learning_rate = { low = 1e-4, high = 1e-3, log = true }``. Each of the
+            ``C x S`` runs of a generation draws its own values inside the jitted
+            generation (:func:`metarl.evolve.fitness.draw_hyperparameters`; with
+            ``common_seeds`` every candidate gets the same draws per seed index), so
+            evolution favours objectives that work across the range. Every name must be
+            a traced hyperparameter of every ``[inner]`` algorithm and both ends values
+            its config accepts. Empty (default): every run trains at the ``[inner]``
+            values.
     """
 
     metric: str = "mean_return"
@@ -163,8 +175,11 @@ class FitnessConfig:
     baseline_returns: tuple[float, ...] = ()
     baseline_seeds: int = 4
     tune_baseline: bool = False
+    hyperparameter_ranges: dict[str, Prior] = field(default_factory=dict)
 
     def __post_init__(self):
+        object.__setattr__(self, "hyperparameter_ranges",
+                           _build_ranges(self.hyperparameter_ranges))
         check_choice("fitness.metric", self.metric, FITNESS_METRICS, ConfigError)
         check_positive_int("fitness.seeds_per_candidate", self.seeds_per_candidate, ConfigError)
         check_positive_int("fitness.baseline_seeds", self.baseline_seeds, ConfigError)
@@ -186,6 +201,48 @@ class FitnessConfig:
         if self.tune_baseline and self.baseline_seeds < 2:
             raise ConfigError(f"fitness.baseline_seeds: tuning the baseline needs at least 2 "
                               f"to compare settings, got {self.baseline_seeds}")
+
+
+RANGES_PATH = "fitness.hyperparameter_ranges"
+
+
+def _build_ranges(ranges: Any) -> dict[str, Prior]:
+    """``fitness.hyperparameter_ranges`` as ``name -> Prior`` (tables become priors;
+    errors name ``fitness.hyperparameter_ranges.<name>.<field>``), sorted by name."""
+    if not isinstance(ranges, dict):
+        raise ConfigError(f"{RANGES_PATH}: expected a table of tables, got {ranges!r}")
+    built = {}
+    for name, spec in sorted(ranges.items()):
+        path = f"{RANGES_PATH}.{name}"
+        if isinstance(spec, Prior):
+            built[name] = spec
+        elif isinstance(spec, dict):
+            built[name] = build_table(Prior, spec, path)
+        else:
+            raise ConfigError(f"{path}: expected a table {{ low, high, log }}, got {spec!r}")
+    return built
+
+
+def check_ranges_fit(ranges: dict[str, Prior], inners: tuple[Any, ...]) -> None:
+    """Raise :class:`ConfigError` naming ``fitness.hyperparameter_ranges.<name>`` when a
+    range is no traced hyperparameter of some ``[inner]`` algorithm, or an end of it is a
+    value that algorithm's config refuses."""
+    for index, inner in enumerate(inners):
+        algorithm = algorithm_of(inner).name
+        traced = hyperparameter_fields(inner)
+        where = f" (inner[{index}])" if len(inners) > 1 else ""
+        for name, prior in ranges.items():
+            path = f"{RANGES_PATH}.{name}"
+            if name not in traced:
+                raise ConfigError(f"{path}: not a traced hyperparameter of {algorithm}{where}; "
+                                  f"allowed: {', '.join(traced)}")
+            for bound in ("low", "high"):
+                value = getattr(prior, bound)
+                try:
+                    inner.replace(**{name: value})
+                except ValueError as error:
+                    raise ConfigError(f"{path}.{bound}: {value} is not a valid {name} for "
+                                      f"{algorithm}{where} ({error})") from None
 
 
 @dataclass(frozen=True)
@@ -231,6 +288,7 @@ class ExperimentConfig:
                 f"fitness.baseline_returns: {len(baselines)} values for "
                 f"{len(self.inner)} [[inner]] environments"
             )
+        check_ranges_fit(self.fitness.hyperparameter_ranges, self.inner)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-JSON form that :func:`config_from_dict` reads back to an equal config."""

@@ -20,6 +20,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from inner_loops.population import broadcast_to_population
 from inner_loops.registry import algorithm_of
 from metarl.config import ConfigError
 from metarl.evolve import tuning
@@ -30,7 +31,7 @@ from metarl.evolve.tuning import DEFAULT_TUNE_SEED, DEFAULT_TUNE_SEEDS
 from metarl.objectives import available_objectives, get_objective, make_objective
 from metarl.runs.engine import read_config
 from metarl.runs.evaluations import saved_evaluation
-from metarl.runs.layout import RunError, read_metrics
+from metarl.runs.layout import PLOTS_DIR, RunError, read_metrics
 from metarl.runs.meta_params import CANDIDATE_FILES, load_meta_params
 from metarl.sharding import population_mesh
 from metarl.stats import (
@@ -43,12 +44,16 @@ from metarl.stats import (
     probability_of_improvement,
     verdict,
 )
+from metarl.sweep import GridAxis, check_grid, sweep_population, train_sweep
 
-__all__ = ["ObjectiveResult", "comparison_pairs", "default_baselines", "environment_statistics",
-           "evaluate_objective", "evaluate_run", "format_table", "held_out_scores", "judge"]
+__all__ = ["ObjectiveResult", "across_figure_path", "check_across", "comparison_pairs",
+           "default_baselines", "environment_statistics", "evaluate_across",
+           "evaluate_objective", "evaluate_run", "format_across", "format_table",
+           "held_out_scores", "judge", "save_across_figure"]
 DEFAULT_EVAL_SEED = 10_007
 EVOLVED = "evolved"
 TUNED = " (tuned)"
+ACROSS_STATISTICS = ("iqm", "mean")  # what a point of an evaluation across a knob keeps
 
 
 @dataclass(frozen=True)
@@ -197,7 +202,8 @@ def evaluate_run(run_dir: str | Path, env_ids: list[str] | None = None, seeds: i
                  eval_seed: int = DEFAULT_EVAL_SEED, total_timesteps: int | None = None,
                  rerun: bool = False, tune: bool = False,
                  tune_seeds: int = DEFAULT_TUNE_SEEDS, tune_seed: int = DEFAULT_TUNE_SEED,
-                 tune_grid: Mapping[str, Sequence[float]] | None = None) -> dict[str, Any]:
+                 tune_grid: Mapping[str, Sequence[float]] | None = None,
+                 across: Mapping[str, Sequence[float]] | None = None) -> dict[str, Any]:
     """Evaluate a run's evolved objective against baselines; saves ``evaluations/<n>.json``.
 
     Evaluations accumulate (:mod:`metarl.runs.evaluations`): each is saved under the next
@@ -214,6 +220,14 @@ def evaluate_run(run_dir: str | Path, env_ids: list[str] | None = None, seeds: i
     then also trained on the held-out seeds at its chosen setting: rows
     ``"<objective> (tuned)"`` after the rows at the default setting, and
     ``report["tuning"]`` keeps every grid, every setting's tuning score and the choices.
+
+    With ``across`` (one traced hyperparameter -> values, e.g. ``{"learning_rate":
+    [1e-4, 3e-4, 1e-3]}``), every objective is also trained at each value on the same
+    held-out seeds, one vmapped program per objective and environment
+    (:func:`evaluate_across`); ``report["across"]`` keeps each value's IQM and mean with
+    95% intervals, and the figure (one line per objective over the knob,
+    :func:`metarl.figures.records.plot_across`) is written to ``plots/across_<n>.png``
+    (``report["across_figure"]``).
 
     Args:
         run_dir: the directory of an evolution run.
@@ -235,6 +249,9 @@ def evaluate_run(run_dir: str | Path, env_ids: list[str] | None = None, seeds: i
         tune_grid: knob -> values replacing the declared grid of that knob for every
             objective that declares it (multiples of the run's value for a relative knob
             such as ``learning_rate``).
+        across: one traced hyperparameter of the algorithm -> at least 2 values to
+            evaluate every objective at (absolute values; see above). ``None``: no
+            evaluation across a knob.
 
     Returns the report dict that is also saved as JSON.
     """
@@ -285,6 +302,9 @@ def evaluate_run(run_dir: str | Path, env_ids: list[str] | None = None, seeds: i
         spec["tune"] = {"seeds": tune_seeds, "tune_seed": tune_seed,
                         "grids": {env_id: {name: plan.grid for name, plan in env.items()}
                                   for env_id, env in plans.items()}}
+    axis = check_across(across, inners, objective)
+    if axis is not None:
+        spec["across"] = {axis.name: list(axis.values)}
 
     def compute() -> dict[str, Any]:
         results, tuned, records = [], [], {}
@@ -307,6 +327,22 @@ def evaluate_run(run_dir: str | Path, env_ids: list[str] | None = None, seeds: i
                     records[inner.env_id][plan.objective] = record
                     tuned.append(tuned_row)
         results += tuned
+        section = None
+        if axis is not None:
+            section = {"knob": axis.name, "values": list(axis.values), "seeds": seeds,
+                       "eval_seed": eval_seed, "metric": config.fitness.metric,
+                       "environments": {}}
+            mesh = _mesh(config)
+            for inner in inners:
+                curves = {EVOLVED: evaluate_across(objective, meta_params, inner,
+                                                   config.fitness, axis, seeds, eval_seed,
+                                                   config.run.chunk_size, mesh)}
+                for name in baselines:
+                    baseline = make_objective(name)
+                    curves[name] = evaluate_across(
+                        baseline, baseline.init(jax.random.PRNGKey(0)), inner,
+                        config.fitness, axis, seeds, eval_seed, config.run.chunk_size, mesh)
+                section["environments"][inner.env_id] = curves
         try:
             generation = read_metrics(run_dir)[-1]["generation"]
         except (RunError, IndexError, KeyError):
@@ -322,11 +358,96 @@ def evaluate_run(run_dir: str | Path, env_ids: list[str] | None = None, seeds: i
             **({"tuning": {"seeds": tune_seeds, "tune_seed": tune_seed, "score": tuning.SCORE,
                            "budget_rule": tuning.BUDGET_RULE, "environments": records}}
                if tune else {}),
+            **({"across": section} if section is not None else {}),
             "results": [r.__dict__ for r in results],
             "statistics": environment_statistics([r.__dict__ for r in results]),
         }
 
-    return saved_evaluation(run_dir, spec, compute, rerun)
+    report = saved_evaluation(run_dir, spec, compute, rerun)
+    if report.get("across"):
+        report["across_figure"] = str(save_across_figure(run_dir, report, config.name))
+    return report
+
+
+def check_across(across: Mapping[str, Sequence[float]] | None, inners, objective
+                 ) -> GridAxis | None:
+    """``across`` as a :class:`~metarl.sweep.GridAxis` (``None`` when not given), checked
+    before anything trains: one knob, a traced hyperparameter of every environment's
+    algorithm, at least 2 distinct finite values that its config accepts. Errors name
+    ``across``."""
+    if not across:
+        return None
+    if not isinstance(across, Mapping) or len(across) != 1:
+        raise ConfigError(f"across: expected one knob -> values, e.g. "
+                          f"{{'learning_rate': [1e-4, 3e-4, 1e-3]}}; got {across!r}")
+    (name, values), = across.items()
+    name = str(name).removeprefix("inner.")
+    if isinstance(values, str | bytes) or not isinstance(values, Sequence):
+        raise ConfigError(f"across {name}: expected a list of numbers, got {values!r}")
+    if any(isinstance(v, bool) or not isinstance(v, int | float) or not np.isfinite(v)
+           for v in values):
+        raise ConfigError(f"across {name}: expected finite numbers, got {list(values)}")
+    if len(values) < 2 or len(set(values)) != len(values):
+        raise ConfigError(f"across {name}: give at least 2 distinct values, got "
+                          f"{list(values)}")
+    axis = GridAxis(name, tuple(float(v) for v in values))
+    for inner in inners:  # the traced fields are the algorithm's, whatever the objective
+        try:
+            check_grid(inner, build_learner(inner, objective), [axis])
+        except ConfigError as error:
+            raise ConfigError("across " + str(error).removeprefix("--grid ")) from None
+    return axis
+
+
+def evaluate_across(objective, meta_params, inner, fitness: FitnessConfig, axis: GridAxis,
+                    seeds: int, eval_seed: int, chunk_size="auto", mesh=None
+                    ) -> list[dict[str, Any]]:
+    """Train ``objective`` at every value of ``axis`` on the ``seeds`` held-out seeds (the
+    keys :func:`evaluate_objective` uses), all values x seeds as one vmapped program
+    (:func:`metarl.sweep.train_sweep`: chunked by ``chunk_size``, sharded over ``mesh``).
+
+    Returns one point per value, in the order given: ``value``, the seeds' ``returns``
+    (NaN where training diverged), ``invalid`` and, per statistic of
+    :data:`ACROSS_STATISTICS`, ``{"value", "low", "high"}`` with a 95% bootstrap interval
+    (:func:`metarl.stats.aggregate`)."""
+    learner = build_learner(inner, objective)
+    settings, keys, hypers = sweep_population(learner, [axis], seeds, eval_seed)
+    members = len(settings) * seeds
+    trained = train_sweep(learner, keys, hypers, fitness,
+                          broadcast_to_population(meta_params, members), chunk_size, mesh)
+    returns = np.where(trained["valid"], trained["returns"], np.nan)
+    points = []
+    for index, value in enumerate(axis.values):
+        scores = returns[index * seeds:(index + 1) * seeds]
+        points.append({
+            "value": value,
+            "returns": [None if np.isnan(r) else float(r) for r in scores],
+            "invalid": int(np.isnan(scores).sum()),
+            **{statistic: aggregate(scores, statistic).to_dict()
+               for statistic in ACROSS_STATISTICS},
+        })
+    return points
+
+
+def across_figure_path(run_dir: str | Path, record_id: Any) -> Path:
+    """Where the figure of evaluation ``record_id``'s ``across`` section is saved."""
+    return Path(run_dir) / PLOTS_DIR / f"across_{record_id}.png"
+
+
+def save_across_figure(run_dir: str | Path, report: Mapping[str, Any], run_name: str
+                       ) -> Path:
+    """Draw ``report``'s ``across`` section (:func:`metarl.figures.records.plot_across`)
+    into :func:`across_figure_path` and return the path."""
+    from metarl.figures.records import plot_across
+
+    path = across_figure_path(run_dir, report["id"])
+    path.parent.mkdir(exist_ok=True)
+    section = report["across"]
+    fig = plot_across(section, title=f"{run_name}: held-out {section['metric']} across "
+                                     f"{section['knob']}\n(evaluation {report['id']}, "
+                                     f"{section['seeds']} seeds per value)")
+    fig.savefig(path, dpi=110)
+    return path
 
 
 def _not_reported(objective_name: str, baselines: list[str], inner) -> dict[str, str]:
@@ -364,6 +485,13 @@ def _tuning_plans(tune, tune_seeds, tune_seed, tune_grid, eval_seed, config, bas
     return plans
 
 
+def _mesh(config):
+    """The devices an evaluation's populations are sharded over (``run.shard``), ``None``
+    for one device."""
+    mesh = population_mesh() if config.run.shard else None
+    return None if mesh is not None and mesh.devices.size == 1 else mesh
+
+
 def _tune_and_evaluate(plan, default_row, objective, meta_params, inner, config, seeds,
                        eval_seed, tune_seeds, tune_seed):
     """Tune one objective on one environment, then train it on the held-out seeds at its
@@ -372,9 +500,7 @@ def _tune_and_evaluate(plan, default_row, objective, meta_params, inner, config,
     evolved = plan.objective == EVOLVED
     if not evolved:
         objective, meta_params = make_objective(plan.objective), None
-    mesh = population_mesh() if config.run.shard else None
-    if mesh is not None and mesh.devices.size == 1:
-        mesh = None
+    mesh = _mesh(config)
     record = tuning.tune_objective(plan, objective, inner, config.fitness, tune_seeds,
                                    tune_seed, meta_params, config.run.chunk_size, mesh)
     learner = build_learner(inner, objective)
@@ -394,12 +520,30 @@ def _tune_and_evaluate(plan, default_row, objective, meta_params, inner, config,
 def format_report(report: dict[str, Any]) -> str:
     """:func:`format_table`, then the setting each objective was tuned to (a tuned
     evaluation) and the declared baselines left out of the report, with the reason."""
-    parts = [format_table(report), tuning.format_tuning(report)]
+    parts = [format_table(report), tuning.format_tuning(report), format_across(report)]
     left_out = report.get("not_reported") or {}
     if left_out:
         parts.append("not reported: " + "; ".join(f"{name} ({reason})"
                                                   for name, reason in left_out.items()))
     return "\n".join(part for part in parts if part)
+
+
+def format_across(report: Mapping[str, Any]) -> str:
+    """The ``across`` section of an evaluation as a table: per environment and objective,
+    the IQM and its 95% interval at each value of the knob (empty without one)."""
+    section = report.get("across")
+    if not section:
+        return ""
+    values = section["values"]
+    rows = [("environment", "objective", *[f"{section['knob']}={v:g}" for v in values])]
+    for env_id, curves in section["environments"].items():
+        for name, points in curves.items():
+            by_value = {point["value"]: point["iqm"] for point in points}
+            rows.append((env_id, name, *[
+                f"{by_value[v]['value']:.2f} [{by_value[v]['low']:.2f}, "
+                f"{by_value[v]['high']:.2f}]" for v in values]))
+    return (f"across {section['knob']}: {section['metric']} IQM [95% CI] over "
+            f"{section['seeds']} held-out seeds at each value\n" + _table(rows))
 
 
 def format_table(report: dict[str, Any]) -> str:

@@ -12,7 +12,13 @@ import jax.numpy as jnp
 
 from inner_loops.population import AUTO, ChunkSize, broadcast_to_population
 from metarl.evolve.config import FitnessConfig
+from metarl.population.priors import sample
 from metarl.sharding import train_population
+
+# folded into a run's key to draw its hyperparameters (fitness.hyperparameter_ranges): far
+# above any index ``split`` gives the run's own use of that key (``fold_in(k, i)`` equals
+# ``split(k, n)[i]`` under JAX's partitionable threefry)
+HYPERPARAMETER_STREAM = 0x6879_7072
 
 
 def run_return(metrics: dict, config: FitnessConfig) -> jax.Array:
@@ -38,6 +44,31 @@ def run_is_valid(metrics: dict, returns: jax.Array) -> jax.Array:
     return jnp.all(metrics["finite"], axis=-1) & jnp.isfinite(returns)
 
 
+def draw_hyperparameters(keys: jax.Array, hypers, config: FitnessConfig):
+    """The hyperparameters each training run of ``keys [C, S, 2]`` trains with.
+
+    Without ``config.hyperparameter_ranges`` that is ``hypers`` itself (scalars shared by
+    every run). With them, each run draws every ranged field from its range
+    (:meth:`metarl.population.priors.Prior.sample`: uniform, or log-uniform with ``log``;
+    one key per field, split by name) with the key ``fold_in(run_key, HYPERPARAMETER_STREAM)``
+    of its own training key, and keeps ``hypers``' value for the other fields. The draws are
+    thus part of the generation's key stream and need no key of their own: with
+    ``common_seeds`` every candidate trains on the same keys per seed index and so with the
+    same draws (common random numbers), and a new generation draws anew. Returns
+    ``[C, S]`` arrays in that case.
+    """
+    ranges = config.hyperparameter_ranges
+    if not ranges:
+        return hypers
+
+    def draw(key):
+        return sample(jax.random.fold_in(key, HYPERPARAMETER_STREAM), ranges, hypers)
+
+    num_candidates, num_seeds = keys.shape[:2]
+    drawn = jax.vmap(draw)(keys.reshape(num_candidates * num_seeds, *keys.shape[2:]))
+    return jax.tree.map(lambda x: x.reshape(num_candidates, num_seeds), drawn)
+
+
 def evaluate_candidates(
     train,
     meta_params,
@@ -53,7 +84,8 @@ def evaluate_candidates(
         train: the learner's ``train`` for this environment.
         meta_params: pytree with leading axis ``[C]``.
         keys: ``[C, S, 2]`` PRNG keys, one per training run.
-        hypers: the learner's hyperparameters as scalars (shared by all runs).
+        hypers: the learner's hyperparameters: scalars shared by all runs, or ``[C, S]``
+            arrays, one setting per run (:func:`draw_hyperparameters`).
         config: fitness settings.
         chunk_size: train at most this many runs at once per device (``"auto"`` or a
             positive integer, see :mod:`inner_loops.population`).
@@ -67,9 +99,12 @@ def evaluate_candidates(
     runs = num_candidates * num_seeds
     flat_meta = jax.tree.map(lambda x: jnp.repeat(x, num_seeds, axis=0), meta_params)
     flat_keys = keys.reshape(runs, *keys.shape[2:])
-    metrics = train_population(
-        train, flat_keys, flat_meta, broadcast_to_population(hypers, runs), chunk_size, mesh,
-    )
+    if all(jnp.ndim(x) == 0 for x in jax.tree.leaves(hypers)):
+        flat_hypers = broadcast_to_population(hypers, runs)
+    else:
+        flat_hypers = jax.tree.map(lambda x: jnp.broadcast_to(x, keys.shape[:2]).reshape(runs),
+                                   hypers)
+    metrics = train_population(train, flat_keys, flat_meta, flat_hypers, chunk_size, mesh)
     metrics = jax.tree.map(lambda x: x.reshape(num_candidates, num_seeds, *x.shape[1:]), metrics)
     returns = run_return(metrics, config)
     return returns, run_is_valid(metrics, returns), metrics

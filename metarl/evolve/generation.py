@@ -25,7 +25,13 @@ from inner_loops.population import check_population_memory
 from inner_loops.registry import make_learner
 from metarl.config import ConfigError
 from metarl.evolve.config import ESConfig, ExperimentConfig
-from metarl.evolve.fitness import combine_fitness, evaluate_candidates, run_is_valid, run_return
+from metarl.evolve.fitness import (
+    combine_fitness,
+    draw_hyperparameters,
+    evaluate_candidates,
+    run_is_valid,
+    run_return,
+)
 from metarl.sharding import population_mesh, put_replicated, replicate
 
 
@@ -174,13 +180,18 @@ class Evolution:
         return self.strategy.get_mean(state.es_state)
 
     def generation(self, state: EvolutionState) -> tuple[EvolutionState, dict]:
-        """Ask, train ``C × S`` agents per environment, score, tell. Pure; jit it."""
+        """Ask, train ``C × S`` agents per environment, score, tell. Pure; jit it.
+
+        With ``fitness.hyperparameter_ranges`` every run trains at hyperparameters drawn
+        from its own key (:func:`~metarl.evolve.fitness.draw_hyperparameters`), and the
+        metrics hold ``hyperparameters``: per ranged field the ``[E, 2]`` smallest and
+        largest value drawn on each environment."""
         cfg = self.config
         num_candidates, num_seeds = cfg.es.population_size, cfg.fitness.seeds_per_candidate
         key, ask_key, tell_key, *env_keys = jax.random.split(state.key, 3 + len(self.learners))
         population, es_state = self.strategy.ask(ask_key, state.es_state, self.es_params)
 
-        returns, valid = [], []
+        returns, valid, drawn = [], [], []
         for learner, env_key in zip(self.learners, env_keys, strict=True):
             if cfg.fitness.common_seeds:
                 seeds = jax.random.split(env_key, num_seeds)
@@ -188,10 +199,14 @@ class Evolution:
             else:
                 keys = jax.random.split(env_key, num_candidates * num_seeds)
                 keys = keys.reshape(num_candidates, num_seeds, -1)
+            hypers = draw_hyperparameters(keys, learner.default_hypers, cfg.fitness)
             env_returns, env_valid, _ = evaluate_candidates(
-                learner.train, population, keys, learner.default_hypers, cfg.fitness,
+                learner.train, population, keys, hypers, cfg.fitness,
                 cfg.run.chunk_size, self.mesh,
             )
+            drawn.append({name: jnp.stack([jnp.min(getattr(hypers, name)),
+                                           jnp.max(getattr(hypers, name))])
+                          for name in cfg.fitness.hyperparameter_ranges})
             returns.append(env_returns)
             valid.append(env_valid)
         returns = jnp.stack(returns, axis=-1)  # [C, S, E]
@@ -221,6 +236,9 @@ class Evolution:
             "invalid_runs": jnp.sum(~valid),
             "best_fitness": state.best_fitness,
         }
+        if cfg.fitness.hyperparameter_ranges:
+            metrics["hyperparameters"] = {name: jnp.stack([d[name] for d in drawn])
+                                          for name in cfg.fitness.hyperparameter_ranges}
         if self.mesh is not None:  # every process of a multi-host run can read the results
             state, metrics = replicate((state, metrics), self.mesh)
         return state, metrics

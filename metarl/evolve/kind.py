@@ -109,9 +109,12 @@ class EvolveProgram:
 
     def summary(self, generation: int, record: dict[str, Any]) -> dict[str, Any]:
         """The ``metrics.jsonl`` line of ``generation``: every candidate's fitness and
-        validity, their statistics, the best so far and each environment's mean return."""
+        validity, their statistics, the best so far and each environment's mean return
+        (with ``fitness.hyperparameter_ranges`` also ``hyperparameters``: per field and
+        environment the smallest and largest value the runs drew)."""
         metrics = jax.device_get(record["metrics"])
         fitness = np.asarray(metrics["fitness"], np.float64)
+        drawn = metrics.get("hyperparameters") or {}
         valid = np.asarray(metrics["valid"], bool)
         good = fitness[valid]
 
@@ -134,6 +137,10 @@ class EvolveProgram:
                 for e, inner in enumerate(self.config.inner)
             },
             "devices": num_shards(self.mesh),
+            **({"hyperparameters": {  # fitness.hyperparameter_ranges: [min, max] drawn
+                name: {inner.env_id: [float(v) for v in values[e]]
+                       for e, inner in enumerate(self.config.inner)}
+                for name, values in drawn.items()}} if drawn else {}),
         }
 
     def after_step(self, run_dir: Path, state: EvolutionState, primary: bool) -> None:

@@ -10,6 +10,8 @@
                                 (``evaluations/<n>.json``; ``learning_curves.png`` for the
                                 ``evaluation.json`` of runs made before evaluations
                                 accumulated)
+``across_<n>.png``              one line per objective over a hyperparameter, for an
+                                evaluation made with ``across`` (``--across``)
 ==============================  =========================================================
 
 This module reads; the drawing is :mod:`metarl.figures`' and the objectives' plot hooks'.
@@ -22,6 +24,7 @@ from pathlib import Path
 import jax
 
 from metarl.evolve.config import config_from_dict
+from metarl.evolve.evaluate import save_across_figure
 from metarl.figures.records import plot_fitness, plot_learning_curves
 from metarl.objectives import get_objective
 from metarl.objectives.registry import RunFigureRequest
@@ -38,7 +41,8 @@ def plot_run(run_dir: str | Path) -> list[Path]:
     Always the fitness; then what the run's objective draws of its learned loss for the
     search mean and the best candidate (its registered ``plot``, e.g. the learned value
     distance against L2, or LPO's drift); and the learning curves of every evaluation of the
-    run (:func:`metarl.runs.evaluations.list_records`).
+    run (:func:`metarl.runs.evaluations.list_records`), with the figure across a
+    hyperparameter of each evaluation that has one.
 
     Raises:
         RunError: ``run_dir`` is missing, is not a run, or has no finished generation.
@@ -82,6 +86,8 @@ def plot_run(run_dir: str | Path) -> list[Path]:
         name = ("learning_curves.png" if report["id"] == "legacy"
                 else f"learning_curves_{report['id']}.png")
         written.append(_save(fig, out / name))
+        if report.get("across") and not legacy:
+            written.append(save_across_figure(run_dir, report, config.name))
     return written
 
 

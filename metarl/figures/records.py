@@ -1,8 +1,9 @@
-"""Figures of a run's records: fitness per generation, learning curves of an evaluation,
-hyperparameter sweeps, several runs' evaluations and performance profiles. Each takes the
-records as they are saved (``metrics.jsonl`` lines, an evaluation report, a sweep report) or
-arrays computed from them and returns a :class:`matplotlib.figure.Figure`; reading them from
-a run directory is the caller's job (:mod:`metarl.evolve.report`, :mod:`metarl.evolve.compare`).
+"""Figures of a run's records: fitness per generation, learning curves of an evaluation, an
+evaluation across one hyperparameter, hyperparameter sweeps, several runs' evaluations and
+performance profiles. Each takes the records as they are saved (``metrics.jsonl`` lines, an
+evaluation report, a sweep report) or arrays computed from them and returns a
+:class:`matplotlib.figure.Figure`; reading them from a run directory is the caller's job
+(:mod:`metarl.evolve.report`, :mod:`metarl.evolve.compare`).
 """
 
 from __future__ import annotations
@@ -231,6 +232,54 @@ def plot_fitness_overlay(histories: Mapping[str, Sequence[Mapping[str, Any]]],
     ax.grid(alpha=0.3)
     ax.legend(fontsize="x-small", ncol=2 if len(histories) > 4 else 1)
     ax.set_title(title or f"Fitness of {len(histories)} runs")
+    return fig
+
+
+def plot_across(section: Mapping[str, Any], *, statistic: str = "iqm",
+                title: str | None = None) -> Figure:
+    """Held-out performance across one hyperparameter: one line per objective over the
+    knob's values, with its 95% interval as a band; one panel per environment. The x axis
+    is logarithmic when every value is positive.
+
+    Args:
+        section: the ``across`` section of an evaluation record
+            (:func:`metarl.evolve.evaluate.evaluate_run` with ``across``): ``knob``,
+            ``values``, ``seeds``, ``metric`` and ``environments``, ``{env_id: {objective:
+            [point, ...]}}`` where a point has ``value`` and per statistic ``{"value",
+            "low", "high"}``.
+        statistic: which statistic of the points to draw (``"iqm"`` or ``"mean"``).
+        title: figure title.
+    """
+    environments = section.get("environments") or {}
+    if not environments:
+        raise ValueError("plot_across: the section has no environments")
+    knob = section.get("knob", "value")
+    values = np.asarray(section.get("values") or [], np.float64)
+    fig = new_figure(5.5 * len(environments), 4.2)
+    axes = np.atleast_1d(fig.subplots(1, len(environments), squeeze=False)[0])
+    for ax, (env_id, curves) in zip(axes, environments.items(), strict=True):
+        for k, (objective, points) in enumerate(curves.items()):
+            ordered = sorted(points, key=lambda point: point["value"])
+            x = np.asarray([point["value"] for point in ordered], np.float64)
+            estimate = [point.get(statistic) or {} for point in ordered]
+            y, low, high = (np.asarray([e.get(part, np.nan) for e in estimate], np.float64)
+                            for part in ("value", "low", "high"))
+            if objective == "evolved":
+                colour, style = "C0", "-"
+            else:
+                colour, style = BASELINE_COLOURS.get(objective, f"C{(k + 4) % 10}"), "--"
+            ax.plot(x, y, color=colour, ls=style, marker="o", lw=2, label=objective)
+            ax.fill_between(x, low, high, color=colour, alpha=0.15)
+        if values.size and np.all(values > 0):
+            ax.set_xscale("log")
+        ax.plot([], [], " ", label=f"bands: 95% CI, {section.get('seeds', '?')} seeds")
+        ax.set_xlabel(knob)
+        ax.set_ylabel(f"{statistic.upper() if statistic == 'iqm' else statistic} of "
+                      f"{section.get('metric', 'return')}")
+        ax.set_title(env_id)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize="small")
+    fig.suptitle(title or f"Held-out performance across {knob}", fontsize="medium")
     return fig
 
 

@@ -31,7 +31,6 @@ continues bit for bit. Start, continue and read runs back through :mod:`metarl.k
 from __future__ import annotations
 
 import dataclasses
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -57,7 +56,7 @@ from metarl.population.pbt import (
     make_segment,
     segment_record,
 )
-from metarl.population.priors import Prior
+from metarl.population.priors import Prior, hyperparameter_fields
 from metarl.runs import engine
 from metarl.runs.engine import RunKind, SteppedRun, finite_stat
 from metarl.runs.evaluations import digest, saved_evaluation
@@ -104,7 +103,7 @@ class PBTExperimentConfig:
             algorithm_of(self.inner)
         except ValueError as error:
             raise ConfigError(f"inner: {error}") from None
-        hyper_fields = _hyperparameter_fields(self.inner)
+        hyper_fields = hyperparameter_fields(self.inner)
         for name, prior in self.pbt.priors.items():
             if name not in hyper_fields:
                 raise ConfigError(
@@ -144,15 +143,6 @@ class PBTExperimentConfig:
 
     def replace(self, **changes) -> PBTExperimentConfig:
         return dataclasses.replace(self, **changes)
-
-
-def _hyperparameter_fields(inner) -> tuple[str, ...]:
-    """The traced hyperparameters of ``inner``'s algorithm, read off its ``Hyperparams``
-    class (building them would start JAX)."""
-    cls = getattr(type(inner), "hyperparams_class", None)
-    if cls is None:
-        cls = getattr(sys.modules[type(inner).__module__], "Hyperparams", None)
-    return tuple(getattr(cls, "_fields", ()))
 
 
 def _build_pbt(data: Any) -> PBTConfig:

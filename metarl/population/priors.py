@@ -10,6 +10,7 @@ Hyperparameters without a prior keep the value they have.
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -51,6 +52,16 @@ class Prior:
 
     def clip(self, values: jax.Array) -> jax.Array:
         return jnp.clip(values, self.low, self.high)
+
+
+def hyperparameter_fields(inner: Any) -> tuple[str, ...]:
+    """The traced hyperparameters of ``inner``'s algorithm (an inner config, e.g.
+    :class:`~inner_loops.ppo.PPOConfig`), read off its ``Hyperparams`` class: the fields a
+    prior may cover (building them would start JAX)."""
+    cls = getattr(type(inner), "hyperparams_class", None)
+    if cls is None:
+        cls = getattr(sys.modules[type(inner).__module__], "Hyperparams", None)
+    return tuple(getattr(cls, "_fields", ()))
 
 
 def check_priors(priors: Mapping[str, Prior], hypers: Any) -> None:
