@@ -151,7 +151,7 @@ def _ranked(scores) -> np.ndarray:
     return scores
 
 
-def _improvement(x: np.ndarray, y: np.ndarray, axis: int = -1) -> np.ndarray:
+def _improvement(x: np.ndarray, y: np.ndarray, axis: int | None = -1) -> np.ndarray:
     """Fraction of pairs with ``x > y``, a tie counting one half."""
     return np.mean((x > y) + 0.5 * (x == y), axis=axis)
 
@@ -203,6 +203,39 @@ def probability_of_improvement(x, y, *, paired: bool, confidence: float = CONFID
             {"x over y": [x, y]}, lambda a, b: np.array([metrics.probability_of_improvement(a, b)]),
             method="percentile", reps=resamples, confidence_interval_size=confidence)
     low, high = np.asarray(intervals["x over y"], np.float64).reshape(2)
+    return Estimate(value, float(low), float(high))
+
+
+def pooled_probability_of_improvement(x, y, *, confidence: float = CONFIDENCE,
+                                      resamples: int = RESAMPLES, seed: int = SEED
+                                      ) -> Estimate:
+    """P(X > Y) over several runs scored on the same held-out seeds: ``x [R, S]`` (run r's
+    score on seed s) against ``y [R, S]`` (the other objective's score on seed s, the same
+    row repeated when one baseline evaluation serves every run).
+
+    The seed is the resampling unit: the runs' rows share their seeds (and a repeated
+    baseline row is one sample, not R), so resampling the ``R * S`` pairs as if independent
+    would give too narrow an interval. The value is the mean over runs and seeds of
+    ``x > y`` (ties one half); its interval comes from ``scipy.stats.bootstrap`` over the
+    seeds (each seed's mean over runs resampled as one). It is conditional on the ``R`` runs
+    compared: how much another draw of runs would differ is not in it.
+    """
+    x = _ranked(np.atleast_2d(np.asarray(x, np.float64)))
+    y = _ranked(np.atleast_2d(np.asarray(y, np.float64)))
+    if x.shape != y.shape:
+        raise ValueError(f"x and y need the same runs and seeds, got {x.shape} and {y.shape}")
+    if x.size == 0:
+        return NAN_ESTIMATE
+    value = float(_improvement(x, y, axis=None))
+    if x.shape[1] < 2:
+        return Estimate(value, float("nan"), float("nan"))
+    from scipy import stats
+
+    per_seed = _improvement(x, y, axis=0)  # [S]: each seed's share of runs that win
+    result = stats.bootstrap(
+        (per_seed,), np.mean, vectorized=True, n_resamples=resamples,
+        confidence_level=confidence, method="percentile", rng=np.random.default_rng(seed))
+    low, high = result.confidence_interval
     return Estimate(value, float(low), float(high))
 
 

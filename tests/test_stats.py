@@ -286,3 +286,23 @@ def test_a_record_saved_without_statistics_gets_its_verdicts_from_the_returns():
     lines = format_table({"metric": "mean_return", "results": results}).splitlines()
     assert any(ln.startswith("Acrobot-v1   evolved    l2") and ln.endswith("better")
                for ln in lines), lines
+
+
+def test_pooled_runs_on_shared_seeds_resample_the_seed_not_the_pair():
+    x = np.array([[3.0, 1.0, 2.0, 5.0], [4.0, 0.0, 2.0, 6.0]])
+    y = np.array([[2.0, 2.0, 2.0, 1.0]] * 2)  # one baseline evaluation read by both runs
+    pooled = stats.pooled_probability_of_improvement(x, y, resamples=500)
+    # run 0 wins seeds 0 and 3, ties seed 2; run 1 wins seeds 0 and 3, ties seed 2
+    assert pooled.value == pytest.approx((2.5 + 2.5) / 8)
+    # R copies of one run carry no more evidence than that run: the same interval as the
+    # run alone (a pooled bootstrap of the R * S pairs would narrow it)
+    one = stats.probability_of_improvement(x[0], y[0], paired=True, resamples=500)
+    copies = stats.pooled_probability_of_improvement(np.stack([x[0]] * 3), np.stack([y[0]] * 3),
+                                                     resamples=500)
+    assert (copies.value, copies.low, copies.high) == pytest.approx((one.value, one.low,
+                                                                     one.high))
+    naive = stats.probability_of_improvement(np.tile(x[0], 3), np.tile(y[0], 3), paired=True,
+                                             resamples=500)
+    assert naive.high - naive.low < copies.high - copies.low
+    with pytest.raises(ValueError, match="same runs and seeds"):
+        stats.pooled_probability_of_improvement(x, y[:, :3])

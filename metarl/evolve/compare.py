@@ -35,6 +35,7 @@ from metarl.stats import (
     Estimate,
     aggregate,
     performance_profile,
+    pooled_probability_of_improvement,
     probability_of_improvement,
     profile_thresholds,
     verdict,
@@ -191,9 +192,12 @@ class PooledVerdict:
     Attributes:
         env_id, evolved, baseline: what is compared.
         counts: ``{outcome: runs}`` over :data:`metarl.stats.OUTCOMES`.
-        evolved_iqm, baseline_iqm: interquartile mean over runs x held-out seeds.
-        probability: P(improvement) over all pairs, paired seed by seed where every run's
-            comparison is (the pairs resampled as independent), with its 95% interval.
+        evolved_iqm, baseline_iqm: interquartile mean over runs x held-out seeds (the
+            baseline over its distinct evaluations: one read by every run counts once).
+        probability: P(improvement) over all runs x seeds with its 95% interval: where every
+            run was scored on the same held-out keys, paired seed by seed with the seed as
+            the resampling unit (:func:`metarl.stats.pooled_probability_of_improvement`);
+            otherwise over all pairs of the runs' scores and the baseline's distinct ones.
         paired: whether it is paired.
         outcome: :func:`metarl.stats.verdict` of ``probability``.
         evolved_scores, baseline_scores: ``[R*S]`` the pooled scores.
@@ -228,13 +232,31 @@ def pooled_verdicts(comparison: Comparison, found: list[Verdict] | None = None,
                                                 for v in found):
         judged = [v for v in found if (v.env_id, v.evolved, v.baseline) == (env, evolved,
                                                                            baseline)]
-        x = np.concatenate([by_label[v.run].held_out[(env, evolved)].scores for v in judged])
-        y = np.concatenate([by_label[v.run].held_out[(env, baseline)].scores for v in judged])
-        paired = all(v.paired for v in judged)
-        probability = probability_of_improvement(x, y, paired=paired, resamples=resamples)
+        xs = [by_label[v.run].held_out[(env, evolved)] for v in judged]
+        ys = [by_label[v.run].held_out[(env, baseline)] for v in judged]
+        x = np.concatenate([held.scores for held in xs])
+        y = np.concatenate([held.scores for held in ys])
+        # One baseline evaluation read by every run is one sample of its seeds, not R.
+        distinct_y = np.concatenate(list({(held.record, held.scores): held.scores
+                                          for held in ys}.values()))
+        # Paired over all runs when every run was scored on the same held-out keys: then
+        # the seed is the unit the interval resamples (stats.pooled_probability_of_...).
+        paired = all(v.paired for v in judged) and all(
+            held.paired_with(xs[0]) or (held.eval_seed is not None
+                                        and held.eval_seed == xs[0].eval_seed
+                                        and len(held.scores) == len(xs[0].scores))
+            for held in xs)
+        if paired:
+            probability = pooled_probability_of_improvement(
+                np.stack([held.scores for held in xs]), np.stack([held.scores for held in ys]),
+                resamples=resamples)
+        else:
+            probability = probability_of_improvement(x, distinct_y, paired=False,
+                                                     resamples=resamples)
         pooled.append(PooledVerdict(
             env, evolved, baseline, {o: sum(v.outcome == o for v in judged) for o in OUTCOMES},
-            aggregate(x, "iqm", resamples=resamples), aggregate(y, "iqm", resamples=resamples),
+            aggregate(x, "iqm", resamples=resamples),
+            aggregate(distinct_y, "iqm", resamples=resamples),
             probability, paired,
             verdict(probability.low, probability.high), x, y))
     return pooled
@@ -312,7 +334,8 @@ def format_comparison(comparison: Comparison, pooled: list[PooledVerdict] | None
             "evolved objective against each baseline: runs judged better / no difference "
             "found / worse (the 95% interval of P(improvement) over the run's held-out seeds "
             "lies wholly above 0.5 / contains it / lies wholly below), and all runs together "
-            "(IQM over runs x seeds, P(improvement) over all pairs; intervals 95%)\n"
+            "(IQM over runs x seeds; P(improvement) over runs x seeds, resampling held-out "
+            "seeds where the runs share them; intervals 95%)\n"
             + _table(rows))
     if comparison.differing:
         rows = [("setting", *[r.label for r in comparison.runs])]
