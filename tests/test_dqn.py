@@ -1,6 +1,6 @@
 """Tests of DQN, :mod:`inner_loops.dqn`.
 
-- Learning: the default config on CartPole-v1, 8 seeds of 1e5 environment steps in one
+- Learning: the default config on CartPole-v1, 4 seeds of 1e5 environment steps in one
   ``jit(vmap)``, greedy evaluation episodes at the end: median return >= 400. It trains in
   a subprocess started when the module starts, beside the tests below.
 - Probes: on every discrete probe environment the learned Q-values come out within a
@@ -53,7 +53,7 @@ def jit(fn, **kwargs):
 
 # ---------------------------------------------------------- learning (subprocess, early)
 
-LEARNING_SEEDS = 8
+LEARNING_SEEDS = 4
 LEARNING_WORKER = """
 import sys
 import jax
@@ -105,7 +105,7 @@ def start_learning_first(request):
 @pytest.mark.timeout(LEARNING_TIMEOUT + 60, method="thread")
 def test_cartpole_greedy_return_with_default_config(learning_process):
     """The default config learns CartPole-v1 within 1e5 steps per agent: the median greedy
-    return over 8 seeds is at least 400 and some seed reaches the 500 cap, after a warm-up
+    return over 4 seeds is at least 400 and some seed reaches the 500 cap, after a warm-up
     that acted as a random policy does (about 22 per episode)."""
     process, folder = learning_process
     try:

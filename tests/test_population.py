@@ -47,7 +47,9 @@ TOLERANCE = {"rtol": 1e-5, "atol": 1e-6}
 FAST_COMPILE = {"xla_backend_optimization_level": 0}
 
 HANG_GUARD = Path(__file__).with_name("_hang_guard.py")
-HANG_GUARD_SIZES = (1, 2, 3, 16)
+# the sizes that never returned under jax 0.10.2: 3 with this PPO, 2 with PureJaxRL's (which
+# also hung at 16; one size more costs a whole compilation and tells nothing new)
+HANG_GUARD_SIZES = (2, 3)
 HANG_GUARD_TIMEOUT = 240  # seconds; generous, for a shared and busy CPU
 
 

@@ -450,10 +450,10 @@ def test_brax_hopper_trains_with_finite_metrics():
 # -------------------------------------------------------------- CartPole, full length
 
 
-CARTPOLE_SEEDS = 16
+CARTPOLE_SEEDS = 8
 
 
-# The 16-agent run (8M agent-steps) is the longest piece of this module. It trains in a
+# The 8-agent run (4M agent-steps) is the longest piece of this module. It trains in a
 # subprocess started when the module starts, so it runs on the second core while the tests
 # above compile their programs (in one process, jax would run it and them one after another).
 CARTPOLE_WORKER = """
@@ -485,8 +485,8 @@ def start_cartpole_first(request):
 
 @pytest.fixture(scope="module")
 def cartpole_run(cartpole_process):
-    """PureJaxRL's CartPole-v1 settings (the defaults), 5e5 steps, 16 agents in one
-    ``jit(vmap(train))``: the config and its metrics ``[16, 976]``."""
+    """PureJaxRL's CartPole-v1 settings (the defaults), 5e5 steps, 8 agents in one
+    ``jit(vmap(train))``: the config and its metrics ``[8, 976]``."""
     process, folder = cartpole_process
     return PPOConfig(), learning_metrics(process, folder, CARTPOLE_TIMEOUT,
                                          "CartPole training")
