@@ -200,7 +200,8 @@ class PooledVerdict:
             otherwise over all pairs of the runs' scores and the baseline's distinct ones.
         paired: whether it is paired.
         outcome: :func:`metarl.stats.verdict` of ``probability``.
-        evolved_scores, baseline_scores: ``[R*S]`` the pooled scores.
+        evolved_scores, baseline_scores: ``[R*S]`` the pooled scores (the baseline's
+            distinct evaluations only: ``[S]`` when every run read the same one).
     """
 
     env_id: str
@@ -236,9 +237,11 @@ def pooled_verdicts(comparison: Comparison, found: list[Verdict] | None = None,
         ys = [by_label[v.run].held_out[(env, baseline)] for v in judged]
         x = np.concatenate([held.scores for held in xs])
         y = np.concatenate([held.scores for held in ys])
-        # One baseline evaluation read by every run is one sample of its seeds, not R.
-        distinct_y = np.concatenate(list({(held.record, held.scores): held.scores
-                                          for held in ys}.values()))
+        # The baseline trained on the same keys for every run (one evaluation read by all,
+        # or the same one repeated in each run's record) is one sample of its seeds, not R.
+        distinct_y = np.concatenate(list({
+            (held.record if held.eval_seed is None else held.eval_seed, held.scores):
+            held.scores for held in ys}.values()))
         # Paired over all runs when every run was scored on the same held-out keys: then
         # the seed is the unit the interval resamples (stats.pooled_probability_of_...).
         paired = all(v.paired for v in judged) and all(
@@ -258,7 +261,7 @@ def pooled_verdicts(comparison: Comparison, found: list[Verdict] | None = None,
             aggregate(x, "iqm", resamples=resamples),
             aggregate(distinct_y, "iqm", resamples=resamples),
             probability, paired,
-            verdict(probability.low, probability.high), x, y))
+            verdict(probability.low, probability.high), x, distinct_y))
     return pooled
 
 
