@@ -18,6 +18,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _evaluation_run import TINY as TINY_EVALUATION
+from _evaluation_run import write_run
 
 from metarl.cli import main
 from metarl.config import ConfigError
@@ -31,19 +33,10 @@ from metarl.evolve.fitness import (
 )
 from metarl.evolve.generation import Evolution
 from metarl.figures.records import plot_across
-from metarl.kinds import evaluate
-from metarl.runs.meta_params import MEAN_FILE, save_meta_params
 
-TINY = {
-    "name": "tiny_robust",
-    "objective": {"name": "value_distance", "options": {"hidden_sizes": [8]}},
-    "inner": {"env_id": "CartPole-v1", "num_envs": 4, "num_steps": 32,
-              "total_timesteps": 2048, "update_epochs": 2, "num_minibatches": 2,
-              "hidden_sizes": [16], "learning_rate": 0.005},
-    "es": {"population_size": 2, "generations": 2, "sigma": 0.05},
-    "fitness": {"seeds_per_candidate": 2},
-    "run": {"progress": False},
-}
+TINY = {**TINY_EVALUATION, "name": "tiny_robust",
+        "es": {"population_size": 2, "generations": 2, "sigma": 0.05},
+        "fitness": {"seeds_per_candidate": 2}, "run": {"progress": False}}
 # learning rates at which agents cannot learn in 16 updates: the planted check
 FROZEN = {"learning_rate": {"low": 1e-9, "high": 2e-9, "log": True}}
 RANGES = {"learning_rate": {"low": 1e-4, "high": 1e-2, "log": True},
@@ -234,12 +227,7 @@ ACROSS = {"learning_rate": [1e-9, 0.005]}
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
-    run_dir = tmp_path_factory.mktemp("robust") / "run"
-    run_dir.mkdir()
-    config = tiny()
-    (run_dir / "config.json").write_text(json.dumps(config.to_dict()))
-    save_meta_params(run_dir / MEAN_FILE, config.objective.build().init(jax.random.PRNGKey(0)))
-    return run_dir
+    return write_run(tmp_path_factory.mktemp("robust") / "run", TINY)
 
 
 @pytest.fixture(scope="module")
@@ -313,13 +301,3 @@ def test_the_command_line_parses_across_and_names_bad_values(run_dir, capsys):
                  "--across", "inner.learning_rate=1e-9,0.005"]) == 0
     out = capsys.readouterr().out
     assert "reusing" in out and "across learning_rate" in out
-
-
-def test_other_kinds_refuse_across(tmp_path, capsys):
-    run_dir = tmp_path / "pbt"
-    run_dir.mkdir()
-    (run_dir / "config.json").write_text(json.dumps({"kind": "pbt"}))
-    with pytest.raises(ConfigError, match="across: a pbt run cannot be evaluated across"):
-        evaluate(run_dir, across=ACROSS)
-    assert main(["evaluate", str(run_dir), "--across", "learning_rate=1e-4,1e-3"]) == 2
-    assert "--across: only for evolution runs" in capsys.readouterr().err

@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _evaluation_run import TINY, write_run
 
 from inner_loops.dqn import DQNConfig
 from inner_loops.objective import LossInputs
@@ -34,27 +35,10 @@ from metarl.evolve.tuning import (
 )
 from metarl.kinds import evaluate
 from metarl.objectives import get_objective, make_objective
-from metarl.runs.meta_params import MEAN_FILE, save_meta_params
 
-TINY = {
-    "name": "tiny_tuning",
-    "objective": {"name": "value_distance", "options": {"hidden_sizes": [8]}},
-    "inner": {"env_id": "CartPole-v1", "num_envs": 4, "num_steps": 32,
-              "total_timesteps": 2048, "update_epochs": 2, "num_minibatches": 2,
-              "hidden_sizes": [16], "learning_rate": 0.005},
-}
 # x1e-6 of the run's learning rate: agents that cannot learn, which tuning must not choose
 GRID = {"vf_coef": [0.1, 1.0], "learning_rate": [1e-6, 1.0]}
 OPTIONS = {"seeds": 2, "baselines": ["l2"], "tune": True, "tune_seeds": 2, "tune_grid": GRID}
-
-
-def write_run(run_dir, data=TINY):
-    """A run directory as evaluation reads it: config.json and the search mean."""
-    run_dir.mkdir(parents=True)
-    config = config_from_dict(data)
-    (run_dir / "config.json").write_text(json.dumps(config.to_dict()))
-    save_meta_params(run_dir / MEAN_FILE, config.objective.build().init(jax.random.PRNGKey(0)))
-    return run_dir
 
 
 @pytest.fixture(scope="module")
@@ -170,14 +154,20 @@ def test_bad_tuning_options_are_named(run_dir, options, message):
         evaluate_run(run_dir, **{**OPTIONS, **options})
 
 
-def test_tuning_is_refused_for_kinds_that_cannot_tune(tmp_path, capsys):
+@pytest.mark.parametrize(("options", "flags", "message"), [
+    ({"tune": True}, ["--tune"], "tune: a pbt run cannot be tuned"),
+    ({"across": {"learning_rate": [1e-4, 1e-3]}}, ["--across", "learning_rate=1e-4,1e-3"],
+     "across: a pbt run cannot be evaluated across"),
+])
+def test_tuning_and_across_are_refused_for_other_kinds(tmp_path, capsys, options, flags,
+                                                       message):
     run_dir = tmp_path / "pbt"
     run_dir.mkdir()
     (run_dir / "config.json").write_text(json.dumps({"kind": "pbt"}))
-    with pytest.raises(ConfigError, match="tune: a pbt run cannot be tuned"):
-        evaluate(run_dir, tune=True)
-    assert main(["evaluate", str(run_dir), "--tune"]) == 2
-    assert "--tune: only for evolution runs" in capsys.readouterr().err
+    with pytest.raises(ConfigError, match=message):
+        evaluate(run_dir, **options)
+    assert main(["evaluate", str(run_dir), *flags]) == 2
+    assert f"{flags[0]}: only for evolution runs" in capsys.readouterr().err
 
 
 def test_knobs_the_algorithm_lacks_are_skipped_with_the_reason():

@@ -236,7 +236,6 @@ def pooled_verdicts(comparison: Comparison, found: list[Verdict] | None = None,
         xs = [by_label[v.run].held_out[(env, evolved)] for v in judged]
         ys = [by_label[v.run].held_out[(env, baseline)] for v in judged]
         x = np.concatenate([held.scores for held in xs])
-        y = np.concatenate([held.scores for held in ys])
         # The baseline trained on the same keys for every run (one evaluation read by all,
         # or the same one repeated in each run's record) is one sample of its seeds, not R.
         distinct_y = np.concatenate(list({
