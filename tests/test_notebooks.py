@@ -27,7 +27,10 @@ NOTEBOOKS = sorted(NOTEBOOK_DIR.glob("*.ipynb"))
 # for that notebook.
 TINY = {"GENERATIONS": 2, "POPULATION_SIZE": 2, "TOTAL_TIMESTEPS": 2048}
 EXTRA = {"02_value_distance.ipynb": {"EVAL_SEEDS": 2}, "04_resume.ipynb": {"RESUME_TO": 3},
-         "06_pbt.ipynb": {"SEGMENTS": 2}, "07_policy_objectives.ipynb": {"GRID_POINTS": 31}}
+         "06_pbt.ipynb": {"SEGMENTS": 2}, "07_policy_objectives.ipynb": {"GRID_POINTS": 31},
+         "08_is_my_discovery_real.ipynb": {
+             "SEEDS": 2, "TUNE_SEEDS": 2, "BASELINES": ["l2"], "RUNS": 2,
+             "TUNE_GRID": {"vf_coef": [0.1, 1.0], "learning_rate": [1.0, 3.0]}}}
 
 CELL_TIMEOUT = 420  # seconds per cell (the first compilation of a generation step)
 NOTEBOOK_TIMEOUT = 600  # seconds per notebook, through pytest-timeout
@@ -57,7 +60,7 @@ def test_notebooks_exist():
     assert names == [
         "01_quickstart.ipynb", "02_value_distance.ipynb", "03_lpo_drift.ipynb",
         "04_resume.ipynb", "05_sac_population.ipynb", "06_pbt.ipynb",
-        "07_policy_objectives.ipynb",
+        "07_policy_objectives.ipynb", "08_is_my_discovery_real.ipynb",
     ]
 
 
