@@ -243,11 +243,8 @@ def pooled_verdicts(comparison: Comparison, found: list[Verdict] | None = None,
             held.scores for held in ys}.values()))
         # Paired over all runs when every run was scored on the same held-out keys: then
         # the seed is the unit the interval resamples (stats.pooled_probability_of_...).
-        paired = all(v.paired for v in judged) and all(
-            held.paired_with(xs[0]) or (held.eval_seed is not None
-                                        and held.eval_seed == xs[0].eval_seed
-                                        and len(held.scores) == len(xs[0].scores))
-            for held in xs)
+        paired = (all(v.paired for v in judged)
+                  and all(held.paired_with(xs[0]) for held in xs))
         if paired:
             probability = pooled_probability_of_improvement(
                 np.stack([held.scores for held in xs]), np.stack([held.scores for held in ys]),
