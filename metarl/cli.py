@@ -28,13 +28,22 @@ from metarl import distributed, sharding
 
 
 def _run(args) -> int:
-    from metarl.kinds import load_experiment, start
+    from metarl.kinds import EVOLVE, config_kind, load_experiment, start
 
     overrides = list(args.set)
     if args.track:
         overrides.append(f"run.trackers={list(args.track)!r}")
-    return _report(start(load_experiment(args.config, overrides), args.run_dir),
-                   args.no_plots)
+    config = load_experiment(args.config, overrides)
+    if args.evolution_seeds is not None:
+        if config_kind(config) != EVOLVE:
+            from metarl.config import ConfigError
+
+            raise ConfigError(f"--evolution-seeds: only evolution experiments (kind = "
+                              f"\"evolve\") run several evolution seeds; {args.config} is a "
+                              f"{config_kind(config)!r} experiment")
+        overrides.append(f"es.evolution_seeds={args.evolution_seeds!r}")
+        config = load_experiment(args.config, overrides)  # validated: es.evolution_seeds
+    return _report(start(config, args.run_dir), args.no_plots)
 
 
 def _resume(args) -> int:
@@ -51,11 +60,15 @@ def _report(result, no_plots: bool) -> int:
         return 0
     from metarl.kinds import config_kind, kind_spec
 
-    print(kind_spec(config_kind(result.config)).describe_run(result))
-    if result.plots:  # drawn already, for the trackers
-        print(f"plots: {', '.join(str(p) for p in result.plots)}")
-    elif not no_plots and result.history:
-        _plot_quietly(result.run_dir)
+    members = getattr(result, "members", None)  # replicated evolution: a parent of seeds
+    if members is not None:
+        print(f"parent directory: {result.run_dir} ({len(members)} evolution seeds)")
+    for run in members if members is not None else [result]:
+        print(kind_spec(config_kind(run.config)).describe_run(run))
+        if run.plots:  # drawn already, for the trackers
+            print(f"plots: {', '.join(str(p) for p in run.plots)}")
+        elif not no_plots and run.history:
+            _plot_quietly(run.run_dir)
     return 0
 
 
@@ -216,6 +229,11 @@ def _add_run_commands(commands) -> None:
     run.add_argument("--run-dir", default=None,
                      help="where to write the run (default: <run.output_dir>/<name>-<time>)")
     run.add_argument("--no-plots", action="store_true", help="skip the plots at the end")
+    run.add_argument("--evolution-seeds", type=int, default=None, metavar="N",
+                     help="run N independent evolutions of an evolution experiment as one "
+                          "program: --run-dir becomes a parent of N ordinary run directories "
+                          "seed_0 ... seed_{N-1} (run.seed + i); the same as "
+                          "es.evolution_seeds in the experiment file")
     run.add_argument("--track", action="append", default=[], metavar="TRACKER",
                      choices=TRACKER_CHOICES,
                      help="send metrics and figures to tensorboard or wandb (offline unless "
@@ -223,7 +241,8 @@ def _add_run_commands(commands) -> None:
                           "in the experiment file")
     run.set_defaults(handler=_run)
 
-    resume = commands.add_parser("resume", help="continue a run from its latest checkpoint")
+    resume = commands.add_parser("resume", help="continue a run from its latest checkpoint "
+                                                "(a parent of evolution seeds: every seed)")
     resume.add_argument("run_dir")
     resume.add_argument("--generations", type=int, default=None,
                         help="total generations to reach (default: the config's; evolution "
@@ -244,7 +263,8 @@ def _add_reading_commands(commands) -> None:
     """``evaluate``, ``plot``, ``compare`` and ``runs``: the commands over saved runs."""
     evaluate = commands.add_parser(
         "evaluate", help="train fresh agents with the evolved objective and baselines (a "
-                         "pbt, cem_rl or dvd run: evaluate its final population)"
+                         "parent of evolution seeds: every seed, and one verdict across them; "
+                         "a pbt, cem_rl or dvd run: evaluate its final population)"
     )
     evaluate.add_argument("run_dir")
     evaluate.add_argument("--env", dest="env_ids", action="append", default=[],
@@ -289,7 +309,9 @@ def _add_reading_commands(commands) -> None:
     compare = commands.add_parser(
         "compare", help="tabulate several runs, the settings in which they differ, and draw "
                         "their fitness and learned functions together")
-    compare.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
+    compare.add_argument("run_dirs", nargs="+", metavar="RUN_DIR",
+                         help="run directories; a parent of evolution seeds stands for its "
+                              "seeds")
     compare.add_argument("--out", default=None,
                          help="folder for the figures and table (default: compare-<time> "
                               "beside the first run)")

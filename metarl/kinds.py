@@ -22,6 +22,11 @@ Each kind describes itself with a :class:`~metarl.runs.engine.RunKind` (its modu
     robust = evaluate(result.run_dir, across={"learning_rate": [1e-4, 3e-4, 1e-3]})
     plot(result.run_dir)
 
+An evolution experiment with ``[es] evolution_seeds = N > 1`` starts ``N`` evolutions as one
+program (:mod:`metarl.evolve.replicated`) in a parent directory of ``N`` ordinary run
+directories; ``resume``, ``evaluate`` (a verdict across the seeds), ``read_config`` and
+``plot`` take the parent too, and every seed directory on its own.
+
 Importing this module starts no JAX computation.
 """
 
@@ -36,6 +41,7 @@ from metarl.config import ConfigError, apply_overrides, read_config_data
 from metarl.runs.engine import load_run as engine_load_run
 from metarl.runs.engine import resume_run, start_run
 from metarl.runs.layout import CONFIG_FILE, RunError, read_json
+from metarl.runs.replicates import is_replicated, read_replicates, replicate_dirs
 
 EVOLVE, PBT, CEM_RL, DVD = "evolve", "pbt", "cem_rl", "dvd"
 KIND_MODULES = {
@@ -74,11 +80,20 @@ def config_kind(config) -> str:
     return getattr(config, "kind", EVOLVE)
 
 
+def is_parent(run_dir: str | Path) -> bool:
+    """Whether ``run_dir`` is a parent of replicated evolutions
+    (:mod:`metarl.runs.replicates`) rather than a run directory."""
+    return is_replicated(run_dir) and not (Path(run_dir) / CONFIG_FILE).is_file()
+
+
 def run_kind(run_dir: str | Path) -> str:
-    """The kind of the run in ``run_dir`` (:class:`RunError` when it is not a run)."""
+    """The kind of the run in ``run_dir`` (:class:`RunError` when it is not a run); of a
+    parent of replicated runs, the kind of its runs."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise RunError(f"run directory not found: {run_dir}")
+    if is_parent(run_dir):
+        return kind_of({"kind": read_replicates(run_dir).get("kind", EVOLVE)})
     data = read_json(run_dir / CONFIG_FILE)
     if not isinstance(data, dict):
         raise RunError(f"{run_dir} is not a metarl run: it has no readable {CONFIG_FILE}")
@@ -92,7 +107,16 @@ def start(config, run_dir: str | Path | None = None, mesh=None):
     """Start a run of ``config`` (any kind's, e.g. from :func:`load_experiment`) in
     ``run_dir`` (default: a fresh ``<run.output_dir>/<name>-<time>``) and train it to its
     budget (:func:`metarl.runs.engine.start_run`); ``mesh`` overrides the devices a
-    sharded run uses. Returns the kind's :class:`~metarl.runs.engine.SteppedRun`."""
+    sharded run uses. Returns the kind's :class:`~metarl.runs.engine.SteppedRun`.
+
+    An evolution experiment with ``es.evolution_seeds = N > 1`` starts ``N`` evolutions
+    together in the parent ``run_dir``
+    (:func:`metarl.evolve.replicated.start_replicated`), and returns a
+    :class:`~metarl.evolve.replicated.ReplicatedRun`."""
+    if config_kind(config) == EVOLVE and config.es.evolution_seeds > 1:
+        from metarl.evolve.replicated import start_replicated
+
+        return start_replicated(config, run_dir, mesh)
     return start_run(kind_spec(config_kind(config)), config, run_dir, mesh)
 
 
@@ -101,7 +125,13 @@ def resume(run_dir: str | Path, generations: int | None = None,
            mesh=None):
     """Continue the run in ``run_dir``, whatever its kind (:func:`metarl.runs.engine.
     resume_run`): ``generations`` extends an evolution run's budget (other kinds refuse
-    it), ``trackers`` (``--track``) replaces ``run.trackers`` from here on."""
+    it), ``trackers`` (``--track``) replaces ``run.trackers`` from here on. A parent of
+    replicated evolutions continues every seed
+    (:func:`metarl.evolve.replicated.resume_replicated`)."""
+    if is_parent(run_dir):
+        from metarl.evolve.replicated import resume_replicated
+
+        return resume_replicated(run_dir, generations, accept_config_change, trackers, mesh)
     return resume_run(kind_spec(run_kind(run_dir)), run_dir, generations,
                       accept_config_change, trackers, mesh)
 
@@ -109,11 +139,17 @@ def resume(run_dir: str | Path, generations: int | None = None,
 def load_run(run_dir: str | Path):
     """Read the run in ``run_dir`` back (its newest usable checkpoint, config and history)
     without running or changing anything."""
+    if is_parent(run_dir):
+        names = ", ".join(str(d) for d in replicate_dirs(run_dir))
+        raise RunError(f"{run_dir} is a parent of replicated runs; load each of them: {names}")
     return engine_load_run(kind_spec(run_kind(run_dir)), run_dir)
 
 
 def read_config(run_dir: str | Path):
-    """The validated config of the run in ``run_dir``, whatever its kind."""
+    """The validated config of the run in ``run_dir``, whatever its kind (of a parent of
+    replicated runs, the experiment as started, ``es.evolution_seeds`` included)."""
+    if is_parent(run_dir):
+        return kind_spec(run_kind(run_dir)).from_dict(read_replicates(run_dir)["config"])
     return kind_spec(run_kind(run_dir)).read_config(run_dir)
 
 
@@ -123,10 +159,14 @@ def evaluate(run_dir: str | Path, **options) -> dict[str, Any]:
     ``rerun=True``). Every kind takes ``eval_seed`` and ``rerun``; an evolution run also
     takes the options of :func:`metarl.evolve.evaluate.evaluate_run` (``seeds``,
     ``baselines``, ``which``, ``tune``, ``tune_seeds``, ``across``, ...). An option the kind
-    does not take is a :class:`~metarl.config.ConfigError` naming it."""
+    does not take is a :class:`~metarl.config.ConfigError` naming it.
+
+    A parent of replicated evolutions takes the same options: every seed is evaluated and
+    one verdict across them saved in the parent
+    (:func:`metarl.evolve.replicated.evaluate_replicated`)."""
     spec = kind_spec(run_kind(run_dir))
-    accepted = [name for name in inspect.signature(spec.evaluate).parameters
-                if name != "run_dir"]
+    accepted = [name for name, parameter in inspect.signature(spec.evaluate).parameters.items()
+                if name != "run_dir" and parameter.kind != parameter.KEYWORD_ONLY]
     unknown = sorted(set(options) - set(accepted))
     tuning = [name for name in unknown if name.startswith("tune")]
     if tuning:
@@ -140,15 +180,27 @@ def evaluate(run_dir: str | Path, **options) -> dict[str, Any]:
     if unknown:
         raise ConfigError(f"{', '.join(unknown)}: not an evaluation option of a {spec.name} "
                           f"run; it takes {', '.join(accepted)}")
+    if is_parent(run_dir):
+        from metarl.evolve.replicated import evaluate_replicated
+
+        return evaluate_replicated(run_dir, **options)
     return spec.evaluate(run_dir, **options)
 
 
 def format_evaluation(run_dir: str | Path, report: dict[str, Any]) -> str:
-    """An evaluation ``report`` of the run in ``run_dir`` as its kind's table."""
+    """An evaluation ``report`` of the run in ``run_dir`` as its kind's table (of a parent
+    of replicated evolutions, the verdict across its seeds)."""
+    if is_parent(run_dir):
+        from metarl.evolve.replicated import format_replicated_evaluation
+
+        return format_replicated_evaluation(report)
     return kind_spec(run_kind(run_dir)).format_evaluation(report)
 
 
 def plot(run_dir: str | Path) -> list[Path]:
     """Write the figures of the run in ``run_dir`` to its ``plots/`` and return their
-    paths."""
+    paths (of a parent of replicated runs: every seed's, in its own ``plots/``)."""
+    if is_parent(run_dir):
+        return [path for seed_dir in replicate_dirs(run_dir)
+                if (seed_dir / CONFIG_FILE).is_file() for path in plot(seed_dir)]
     return kind_spec(run_kind(run_dir)).plot(run_dir)

@@ -11,7 +11,9 @@ One module per job, each importing only those listed before it:
 - :mod:`.evaluate`: the evolved objective against baselines on held-out seeds;
 - :mod:`.report`: a run's figures (fitness, the learned loss, learning curves);
 - :mod:`.compare`: several runs side by side;
-- :mod:`.kind`: the run kind the engine runs (:mod:`metarl.runs.engine`).
+- :mod:`.kind`: the run kind the engine runs (:mod:`metarl.runs.engine`);
+- :mod:`.replicated`: ``es.evolution_seeds = N`` evolutions as one program, in a parent of
+  ``N`` ordinary run directories, their resume and one verdict across them.
 
 Start, continue, evaluate and draw runs through :mod:`metarl.kinds`.
 """

@@ -29,6 +29,7 @@ from metarl.runs.engine import read_config
 from metarl.runs.evaluations import list_records
 from metarl.runs.layout import RunError, read_metrics
 from metarl.runs.meta_params import MEAN_FILE, read_meta_params
+from metarl.runs.replicates import expand_replicates
 from metarl.stats import (
     OUTCOMES,
     RESAMPLES,
@@ -116,14 +117,15 @@ def flatten(data: Any, prefix: str = "") -> dict[str, Any]:
     return flat
 
 
-def _evaluations(run_dir: Path) -> tuple[tuple[tuple[str, str, float, float, float], ...],
-                                         dict[tuple[str, str], HeldOut]]:
+def _evaluations(records: Sequence[dict[str, Any]]
+                 ) -> tuple[tuple[tuple[str, str, float, float, float], ...],
+                            dict[tuple[str, str], HeldOut]]:
     """One ``(environment, objective, mean, ci_low, ci_high)`` row per environment and
-    objective, and the scores behind it; the latest evaluation wins where several evaluated
-    the same pair. A result saved without its mean or interval (an older version's) gets
-    them from its returns."""
+    objective of the evaluation ``records`` (oldest first), and the scores behind it; the
+    latest evaluation wins where several evaluated the same pair. A result saved without
+    its mean or interval (an older version's) gets them from its returns."""
     rows, held_out = {}, {}
-    for report in list_records(run_dir):
+    for report in records:
         spec = report.get("spec") if isinstance(report.get("spec"), dict) else {}
         eval_seed = report.get("eval_seed", spec.get("eval_seed"))
         for r in report.get("results") or []:
@@ -261,15 +263,19 @@ def pooled_verdicts(comparison: Comparison, found: list[Verdict] | None = None,
     return pooled
 
 
-def summarise_run(run_dir: str | Path, label: str | None = None) -> RunSummary:
-    """Read one run directory (:class:`RunError` naming what is missing)."""
+def summarise_run(run_dir: str | Path, label: str | None = None,
+                  records: Sequence[dict[str, Any]] | None = None) -> RunSummary:
+    """Read one run directory (:class:`RunError` naming what is missing); its held-out
+    scores come from ``records`` (evaluation reports of it) when given, else from every
+    evaluation saved in it (:func:`metarl.runs.evaluations.list_records`)."""
     run_dir = Path(run_dir)
     config = read_config(run_dir, config_from_dict)
     history = read_metrics(run_dir)
     if not history:
         raise RunError(f"{run_dir} has no finished generation yet (metrics.jsonl is empty)")
     last = history[-1]
-    evaluations, held_out = _evaluations(run_dir)
+    evaluations, held_out = _evaluations(list_records(run_dir) if records is None
+                                         else records)
     return RunSummary(
         run_dir=run_dir,
         label=label or run_dir.name,
@@ -292,10 +298,14 @@ def unique_labels(run_dirs: Sequence[Path]) -> list[str]:
 
 
 def compare_runs(run_dirs: Sequence[str | Path]) -> Comparison:
-    """Summaries of ``run_dirs`` and the settings that are not the same in all of them."""
+    """Summaries of ``run_dirs`` and the settings that are not the same in all of them; a
+    parent of replicated evolutions (:mod:`metarl.evolve.replicated`) stands for its
+    seeds."""
     if len(run_dirs) < 1:
         raise RunError("compare: give at least one run directory")
-    paths = [Path(p) for p in run_dirs]
+    paths = expand_replicates(list(run_dirs))
+    if not paths:
+        raise RunError("compare: the parents given hold no seed directory yet")
     runs = tuple(summarise_run(p, label) for p, label in zip(paths, unique_labels(paths),
                                                                strict=True))
     keys = sorted(set().union(*(run.settings for run in runs)))

@@ -97,6 +97,13 @@ class ESConfig:
         antithetic: mirrored sampling (``Open_ES`` only; ``PGPE`` always mirrors).
         fitness_shaping: ``centered_rank`` (default), ``standardize`` or ``raw``; used by
             ``Open_ES`` and ``PGPE`` (the others rank by construction).
+        evolution_seeds: independent evolutions run together (default 1: one ordinary
+            run). With ``N > 1`` the run directory becomes a parent of ``N`` ordinary run
+            directories ``seed_0 ... seed_{N-1}``: seed ``i`` is the run of this
+            experiment with ``run.seed = run.seed + i`` and ``evolution_seeds = 1`` (its
+            own ``config.json`` says so), and all ``N`` advance together, one compiled
+            generation for ``N`` ES states (:mod:`metarl.evolve.replicated`). ``metarl
+            run FILE --evolution-seeds N`` sets it.
     """
 
     strategy: str = "Open_ES"
@@ -109,9 +116,11 @@ class ESConfig:
     learning_rate_decay: float = 0.999
     antithetic: bool = True
     fitness_shaping: str = "centered_rank"
+    evolution_seeds: int = 1
 
     def __post_init__(self):
         check_choice("es.strategy", self.strategy, STRATEGIES, ConfigError)
+        check_positive_int("es.evolution_seeds", self.evolution_seeds, ConfigError)
         check_choice("es.fitness_shaping", self.fitness_shaping, FITNESS_SHAPINGS, ConfigError)
         check_positive_int("es.population_size", self.population_size, ConfigError)
         check_positive_int("es.generations", self.generations, ConfigError)

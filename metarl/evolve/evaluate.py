@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,9 +23,9 @@ import numpy as np
 
 from inner_loops.population import broadcast_to_population
 from inner_loops.registry import algorithm_of
-from metarl.config import ConfigError
+from metarl.config import ConfigError, inner_to_dict
 from metarl.evolve import tuning
-from metarl.evolve.config import FitnessConfig, config_from_dict
+from metarl.evolve.config import ExperimentConfig, FitnessConfig, config_from_dict
 from metarl.evolve.fitness import run_is_valid, run_return
 from metarl.evolve.generation import build_learner
 from metarl.evolve.tuning import DEFAULT_TUNE_SEED, DEFAULT_TUNE_SEEDS
@@ -203,7 +204,8 @@ def evaluate_run(run_dir: str | Path, env_ids: list[str] | None = None, seeds: i
                  rerun: bool = False, tune: bool = False,
                  tune_seeds: int = DEFAULT_TUNE_SEEDS, tune_seed: int = DEFAULT_TUNE_SEED,
                  tune_grid: Mapping[str, Sequence[float]] | None = None,
-                 across: Mapping[str, Sequence[float]] | None = None) -> dict[str, Any]:
+                 across: Mapping[str, Sequence[float]] | None = None, *,
+                 baseline_cache: dict[str, Any] | None = None) -> dict[str, Any]:
     """Evaluate a run's evolved objective against baselines; saves ``evaluations/<n>.json``.
 
     Evaluations accumulate (:mod:`metarl.runs.evaluations`): each is saved under the next
@@ -252,6 +254,12 @@ def evaluate_run(run_dir: str | Path, env_ids: list[str] | None = None, seeds: i
         across: one traced hyperparameter of the algorithm -> at least 2 values to
             evaluate every objective at (absolute values; see above). ``None``: no
             evaluation across a knob.
+        baseline_cache: a dict shared by evaluations of several runs of one experiment
+            (the seeds of replicated evolution, :mod:`metarl.evolve.replicated`): what the
+            baselines trained (held-out rows, tuning, points across a knob) is kept there
+            under everything it depends on and reused by the next run instead of trained
+            again, since it does not depend on the evolved objective. ``None``: nothing
+            is kept.
 
     Returns the report dict that is also saved as JSON.
     """
@@ -312,18 +320,21 @@ def evaluate_run(run_dir: str | Path, env_ids: list[str] | None = None, seeds: i
             rows = [evaluate_objective(objective, meta_params, inner, config.fitness,
                                        seeds, eval_seed, EVOLVED)]
             for name in baselines:
-                baseline = make_objective(name)
-                rows.append(evaluate_objective(
-                    baseline, baseline.init(jax.random.PRNGKey(0)), inner, config.fitness,
-                    seeds, eval_seed, name,
-                ))
+                rows.append(_reused(baseline_cache, ("held out", name, inner, config, seeds,
+                                                     eval_seed),
+                                    lambda name=name, inner=inner: _evaluate_baseline(
+                                        name, inner, config.fitness, seeds, eval_seed)))
             results += rows
             if tune:
                 records[inner.env_id] = {}
                 for row, plan in zip(rows, plans[inner.env_id].values(), strict=True):
-                    record, tuned_row = _tune_and_evaluate(
-                        plan, row, objective, meta_params, inner, config, seeds, eval_seed,
-                        tune_seeds, tune_seed)
+                    def tune_it(plan=plan, row=row, inner=inner):
+                        return _tune_and_evaluate(plan, row, objective, meta_params, inner,
+                                                  config, seeds, eval_seed, tune_seeds,
+                                                  tune_seed)
+                    record, tuned_row = (tune_it() if plan.objective == EVOLVED else _reused(
+                        baseline_cache, ("tuned", dataclasses.asdict(plan), inner, config,
+                                         seeds, eval_seed, tune_seeds, tune_seed), tune_it))
                     records[inner.env_id][plan.objective] = record
                     tuned.append(tuned_row)
         results += tuned
@@ -338,10 +349,15 @@ def evaluate_run(run_dir: str | Path, env_ids: list[str] | None = None, seeds: i
                                                    config.fitness, axis, seeds, eval_seed,
                                                    config.run.chunk_size, mesh)}
                 for name in baselines:
-                    baseline = make_objective(name)
-                    curves[name] = evaluate_across(
-                        baseline, baseline.init(jax.random.PRNGKey(0)), inner,
-                        config.fitness, axis, seeds, eval_seed, config.run.chunk_size, mesh)
+                    def across_it(name=name, inner=inner):
+                        baseline = make_objective(name)
+                        return evaluate_across(
+                            baseline, baseline.init(jax.random.PRNGKey(0)), inner,
+                            config.fitness, axis, seeds, eval_seed, config.run.chunk_size,
+                            mesh)
+                    curves[name] = _reused(baseline_cache, ("across", name, inner, config,
+                                                            axis.name, axis.values, seeds,
+                                                            eval_seed), across_it)
                 section["environments"][inner.env_id] = curves
         try:
             generation = read_metrics(run_dir)[-1]["generation"]
@@ -367,6 +383,37 @@ def evaluate_run(run_dir: str | Path, env_ids: list[str] | None = None, seeds: i
     if report.get("across"):
         report["across_figure"] = str(save_across_figure(run_dir, report, config.name))
     return report
+
+
+def _evaluate_baseline(name: str, inner, fitness: FitnessConfig, seeds: int,
+                       eval_seed: int) -> ObjectiveResult:
+    """The held-out row of the fixed objective ``name`` at its own initialisation."""
+    baseline = make_objective(name)
+    return evaluate_objective(baseline, baseline.init(jax.random.PRNGKey(0)), inner, fitness,
+                              seeds, eval_seed, name)
+
+
+def _reused(cache: dict[str, Any] | None, key: tuple, compute):
+    """``compute()``, kept in ``cache`` under ``key`` and found there the next time.
+
+    ``key`` names everything the result depends on: an experiment config in it stands for
+    what of it a baseline's training reads (the fitness metric, chunking and sharding), an
+    ``[inner]`` table for all its fields."""
+    if cache is None:
+        return compute()
+
+    def plain(part):
+        if isinstance(part, ExperimentConfig):
+            return {"fitness": [part.fitness.metric, part.fitness.final_fraction],
+                    "chunk_size": part.run.chunk_size, "shard": part.run.shard}
+        if dataclasses.is_dataclass(part) and not isinstance(part, type):
+            return inner_to_dict(part)
+        return part
+
+    name = json.dumps([plain(part) for part in key], sort_keys=True, default=repr)
+    if name not in cache:
+        cache[name] = compute()
+    return cache[name]
 
 
 def check_across(across: Mapping[str, Sequence[float]] | None, inners, objective

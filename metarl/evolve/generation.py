@@ -5,10 +5,14 @@ exposes pure functions of :class:`EvolutionState`:
 
 - ``init(key) -> EvolutionState``
 - ``generation(state) -> (state, metrics)``: one whole generation, compiled once
-  (``evolution.step`` is its ``jax.jit``).
+  (``evolution.step`` is its ``jax.jit``); it is ``ask -> score -> tell``:
+- ``ask(state) -> Asked``: the candidates ``[C]`` and the keys of their runs;
+- ``score(population, run_keys) -> Scores``: train them (``[C, S, E]`` returns);
+- ``tell(state, asked, scores) -> (state, metrics)``: fitness, the strategy's update.
 
-Users think in returns (higher is better); evosax minimises, so the sign is flipped exactly
-once, in :meth:`Evolution.generation`.
+:mod:`metarl.evolve.replicated` maps ``ask`` and ``tell`` over ``N`` stacked states and
+scores all ``N * C`` candidates in one call. Users think in returns (higher is better);
+evosax minimises, so the sign is flipped exactly once, in :meth:`Evolution.tell`.
 """
 
 from __future__ import annotations
@@ -109,6 +113,41 @@ class EvolutionState:
     baselines: jax.Array
 
 
+@struct.dataclass
+class Asked:
+    """One generation's candidates before they are scored (:meth:`Evolution.ask`).
+
+    Attributes:
+        population: the ``C`` candidates: meta-parameters with leading axis ``[C]``.
+        es_state: the strategy's state after the ask (the tell continues it).
+        key: ``[2]`` the key of the next generation.
+        tell_key: ``[2]`` the key of this generation's tell.
+        run_keys: ``[E, C, S, 2]`` one key per environment, candidate and training seed.
+    """
+
+    population: Any
+    es_state: Any
+    key: jax.Array
+    tell_key: jax.Array
+    run_keys: jax.Array
+
+
+@struct.dataclass
+class Scores:
+    """What training the candidates gave (:meth:`Evolution.score`).
+
+    Attributes:
+        returns: ``[C, S, E]`` each run's return (the fitness metric).
+        valid: ``[C, S, E]`` whether each run stayed finite.
+        hyperparameters: with ``fitness.hyperparameter_ranges``, per ranged field the
+            ``[E, C, S]`` values the runs trained with; empty otherwise.
+    """
+
+    returns: jax.Array
+    valid: jax.Array
+    hyperparameters: dict
+
+
 class Evolution:
     """A meta-evolution experiment: static parts plus pure ``init`` / ``generation``.
 
@@ -182,45 +221,78 @@ class Evolution:
     def generation(self, state: EvolutionState) -> tuple[EvolutionState, dict]:
         """Ask, train ``C × S`` agents per environment, score, tell. Pure; jit it.
 
+        It is :meth:`ask`, :meth:`score` and :meth:`tell` in a row (the pieces that
+        :mod:`metarl.evolve.replicated` maps over ``N`` states).
+
         With ``fitness.hyperparameter_ranges`` every run trains at hyperparameters drawn
         from its own key (:func:`~metarl.evolve.fitness.draw_hyperparameters`), and the
         metrics hold ``hyperparameters``: per ranged field the ``[E, 2]`` smallest and
         largest value drawn on each environment."""
+        asked = self.ask(state)
+        state, metrics = self.tell(state, asked, self.score(asked.population, asked.run_keys))
+        if self.mesh is not None:  # every process of a multi-host run can read the results
+            state, metrics = replicate((state, metrics), self.mesh)
+        return state, metrics
+
+    def ask(self, state: EvolutionState) -> Asked:
+        """The generation's ``C`` candidates and the keys of their training runs (the
+        state's key split as every generation splits it). Pure; ``vmap`` it over states."""
         cfg = self.config
         num_candidates, num_seeds = cfg.es.population_size, cfg.fitness.seeds_per_candidate
         key, ask_key, tell_key, *env_keys = jax.random.split(state.key, 3 + len(self.learners))
         population, es_state = self.strategy.ask(ask_key, state.es_state, self.es_params)
-
-        returns, valid, drawn = [], [], []
-        for learner, env_key in zip(self.learners, env_keys, strict=True):
+        run_keys = []
+        for env_key in env_keys:
             if cfg.fitness.common_seeds:
                 seeds = jax.random.split(env_key, num_seeds)
                 keys = jnp.broadcast_to(seeds, (num_candidates, *seeds.shape))
             else:
                 keys = jax.random.split(env_key, num_candidates * num_seeds)
                 keys = keys.reshape(num_candidates, num_seeds, -1)
+            run_keys.append(keys)
+        return Asked(population=population, es_state=es_state, key=key, tell_key=tell_key,
+                     run_keys=jnp.stack(run_keys))
+
+    def score(self, population, run_keys: jax.Array) -> Scores:
+        """Train every candidate of ``population`` (leading axis ``[P]``) on its keys
+        ``run_keys [E, P, S, 2]`` with each environment's learner, all ``P * S`` runs of an
+        environment in one call of :func:`~metarl.evolve.fitness.evaluate_candidates`
+        (chunked and sharded there). ``P`` is ``C`` for one evolution and ``N * C`` for
+        ``N`` evolved together: every run depends on its own candidate and key only."""
+        cfg = self.config
+        returns, valid, ranged = [], [], {name: [] for name in cfg.fitness.hyperparameter_ranges}
+        for learner, keys in zip(self.learners, run_keys, strict=True):
             hypers = draw_hyperparameters(keys, learner.default_hypers, cfg.fitness)
             env_returns, env_valid, _ = evaluate_candidates(
                 learner.train, population, keys, hypers, cfg.fitness,
                 cfg.run.chunk_size, self.mesh,
             )
-            drawn.append({name: jnp.stack([jnp.min(getattr(hypers, name)),
-                                           jnp.max(getattr(hypers, name))])
-                          for name in cfg.fitness.hyperparameter_ranges})
+            for name, values in ranged.items():
+                values.append(getattr(hypers, name))
             returns.append(env_returns)
             valid.append(env_valid)
-        returns = jnp.stack(returns, axis=-1)  # [C, S, E]
-        valid = jnp.stack(valid, axis=-1)
-        fitness, candidate_valid = combine_fitness(returns, valid, state.baselines)
+        return Scores(returns=jnp.stack(returns, axis=-1), valid=jnp.stack(valid, axis=-1),
+                      hyperparameters={name: jnp.stack(values)
+                                       for name, values in ranged.items()})
 
-        es_state, _ = self.strategy.tell(tell_key, population, -fitness, es_state,
+    def tell(self, state: EvolutionState, asked: Asked, scores: Scores
+             ) -> tuple[EvolutionState, dict]:
+        """Fitness from ``scores`` (``[C, S, E]``), the strategy's update, the best so
+        far: the next state and the generation's metrics. Pure; ``vmap`` it over states.
+
+        Users think in returns (higher is better); evosax minimises, so the sign is flipped
+        here, once."""
+        returns, valid = scores.returns, scores.valid
+        fitness, candidate_valid = combine_fitness(returns, valid, state.baselines)
+        population = asked.population
+        es_state, _ = self.strategy.tell(asked.tell_key, population, -fitness, asked.es_state,
                                          self.es_params)
         best_index = jnp.argmax(fitness)
         improved = candidate_valid[best_index] & (fitness[best_index] > state.best_fitness)
         best_params = jax.tree.map(lambda x: x[best_index], population)
         state = EvolutionState(
             es_state=es_state,
-            key=key,
+            key=asked.key,
             generation=state.generation + 1,
             best_fitness=jnp.where(improved, fitness[best_index], state.best_fitness),
             best_meta_params=jax.tree.map(
@@ -236,11 +308,11 @@ class Evolution:
             "invalid_runs": jnp.sum(~valid),
             "best_fitness": state.best_fitness,
         }
-        if cfg.fitness.hyperparameter_ranges:
-            metrics["hyperparameters"] = {name: jnp.stack([d[name] for d in drawn])
-                                          for name in cfg.fitness.hyperparameter_ranges}
-        if self.mesh is not None:  # every process of a multi-host run can read the results
-            state, metrics = replicate((state, metrics), self.mesh)
+        if scores.hyperparameters:  # [E, 2]: the smallest and largest value drawn
+            metrics["hyperparameters"] = {
+                name: jnp.stack([jnp.min(values, axis=(1, 2)), jnp.max(values, axis=(1, 2))],
+                                axis=-1)
+                for name, values in scores.hyperparameters.items()}
         return state, metrics
 
     def measure_baselines(self, key: jax.Array) -> jax.Array:

@@ -85,19 +85,27 @@ class EvolveProgram:
         when fitness is normalised by them and the config does not give them (at their
         best setting with ``fitness.tune_baseline``: the tuning record is kept as
         ``baseline_tuning.json`` after the first generation)."""
+        baselines, self.baseline_tuning = self.normalising_baselines()
+        return self.evolution.init(baselines=baselines)
+
+    def normalising_baselines(self) -> tuple[Any, dict[str, Any] | None]:
+        """``(baselines, tuning record)`` that :meth:`init` starts from: the ``[E]``
+        returns that normalise fitness when the run measures them (``None`` when fitness
+        is not normalised or the config gives ``fitness.baseline_returns``), measured from
+        ``PRNGKey(run.seed + 1)``, and with ``fitness.tune_baseline`` the record of their
+        tuning (``None`` otherwise)."""
         fitness = self.config.fitness
-        baselines = None
         if fitness.tune_baseline:
             baselines, records = tuned_fitness_baselines(self.config, self.config.run.seed + 1,
                                                          self.mesh)
-            self.baseline_tuning = {"seeds": fitness.baseline_seeds,
-                                    "seed": self.config.run.seed + 1,
-                                    "baselines": dict(zip(records, baselines, strict=True)),
-                                    "environments": records}
-        elif fitness.normalize_by_baseline and not fitness.baseline_returns:
-            baselines = self.evolution.measure_baselines(
-                jax.random.PRNGKey(self.config.run.seed + 1))
-        return self.evolution.init(baselines=baselines)
+            return baselines, {"seeds": fitness.baseline_seeds,
+                               "seed": self.config.run.seed + 1,
+                               "baselines": dict(zip(records, baselines, strict=True)),
+                               "environments": records}
+        if fitness.normalize_by_baseline and not fitness.baseline_returns:
+            return self.evolution.measure_baselines(
+                jax.random.PRNGKey(self.config.run.seed + 1)), None
+        return None, None
 
     @staticmethod
     def completed(state: EvolutionState) -> int:

@@ -17,8 +17,11 @@ One module per job:
   other;
 - :mod:`~metarl.runs.trackers`: a run's metrics and figures sent to TensorBoard or W&B;
 - :mod:`~metarl.runs.listing`: ``metarl runs``;
+- :mod:`~metarl.runs.replicates`: a parent directory of runs started and continued together
+  (replicated evolution);
 - :mod:`~metarl.runs.engine`: the loop every kind runs on (steps, metrics, checkpoints,
-  trackers, the stop after invalid steps), its start, resume and read-back.
+  trackers, the stop after invalid steps), its start, resume and read-back, and the loop of
+  several runs advanced by one joint program.
 
 Importing this package starts no JAX computation (nor does :mod:`~metarl.runs.listing`).
 """

@@ -34,6 +34,12 @@ starts a run, :func:`resume_run` continues one bit for bit from its newest usabl
 checkpoint (with a longer budget, for kinds whose budget shapes no schedule) and
 :func:`load_run` reads one back. Each checkpoint holds the whole state, so a resumed run
 equals the uninterrupted one.
+
+What one run directory records of a step is a :class:`RunLedger`; :func:`_train` keeps one,
+and :func:`train_jointly` keeps one per run when a *joint* program advances several runs
+with one step (replicated evolution, :mod:`metarl.evolve.replicated`), each run writing its
+own directory exactly as it would alone. :func:`prepare_resume` is everything a resume does
+before it trains, so that a joint program can continue several runs at once.
 """
 
 from __future__ import annotations
@@ -228,86 +234,235 @@ def _devices(program) -> int:
     return num_shards(getattr(program, "mesh", None))
 
 
+class RunLedger:
+    """What one run directory records of each step it takes, the same for a run alone
+    (:func:`_train`) and for each run of a joint program (:func:`train_jointly`): the
+    step's line in ``metrics.jsonl`` (the engine's fields added to the program's
+    summary), the trackers, the program's ``after_step`` files, checkpoints every
+    ``run.checkpoint_every`` steps and at the end, the stop after
+    ``run.max_invalid_generations`` invalid steps in a row, and the status at the end.
+
+    ``history`` and ``events`` are the run's lines so far (appended to in place); ``start``
+    the steps its state has done. Close it with :meth:`close_checkpoints`, then
+    :meth:`finish` (which raises :class:`RunStopped` for a run that stopped itself), and
+    :meth:`close_trackers` in any case.
+    """
+
+    def __init__(self, kind: RunKind, program, run_dir: Path, history: list[dict],
+                 events: list[dict], start: int):
+        from metarl.runs.trackers import RunTrackers
+
+        self.kind, self.program, self.run_dir = kind, program, run_dir
+        self.history, self.events = history, events
+        self.config = program.config
+        self.until = program.steps
+        self.done_steps = start
+        self.stopped: int | None = None
+        self.primary = distributed.is_primary()  # only process 0 writes files
+        self.limit = self.config.run.max_invalid_generations
+        self.after_step = getattr(program, "after_step", None)
+        self.trackers = RunTrackers(self.config.run.trackers, run_dir, run_dir.name,
+                                    self.config.to_dict(), self.primary)
+        self.checkpointer = _checkpointer(kind, run_dir, self.config)
+
+    @property
+    def active(self) -> bool:
+        """Whether the run has steps left to take (neither finished nor stopped)."""
+        return self.stopped is None and self.done_steps < self.until
+
+    def record(self, state, record: dict[str, Any], seconds: float) -> dict[str, Any]:
+        """Record the next step: ``state`` after it and its ``record`` (what
+        ``program.summary`` reads), which took ``seconds``. Returns its line."""
+        kind, program, history = self.kind, self.program, self.history
+        step = self.done_steps + 1
+        line = program.summary(step, record)
+        if kind.best_so_far_key not in line:
+            so_far = history[-1][kind.best_so_far_key] if history else -math.inf
+            line[kind.best_so_far_key] = float(np.nanmax([so_far, line[kind.score_key]]))
+        if "agent_steps" not in line:
+            line["agent_steps"] = ((history[-1]["agent_steps"] if history else 0)
+                                   + program.agent_steps_per_step)
+        line["seconds"] = seconds
+        line["agent_steps_per_second"] = (program.agent_steps_per_step / seconds
+                                          if seconds > 0 else None)
+        line["time"] = now()
+        history.append(line)
+        if self.limit and _invalid_streak(history, kind.valid_key) >= self.limit:
+            self.stopped = step
+        if self.primary:
+            write_metrics(self.run_dir, history, self.events, step_key=kind.step_key)
+        self.trackers.log(step, line)  # it keeps the numbers (metarl.runs.trackers.scalars)
+        if self.after_step is not None:
+            self.after_step(self.run_dir, state, self.primary)
+        # every process calls save: orbax synchronises them and process 0 writes
+        if step % self.config.run.checkpoint_every == 0 or step == self.until or self.stopped:
+            meta = {"config": self.config.to_dict(), "history": history,
+                    "events": self.events}
+            self.checkpointer.save(step, state, meta)
+        self.done_steps = step
+        return line
+
+    def close_checkpoints(self) -> None:
+        self.checkpointer.close()
+
+    def finish(self) -> list[Path]:
+        """Write the final status (and, with trackers, draw and send the run's figures):
+        returns the figures' paths, or raises :class:`RunStopped` naming the step at which
+        the run stopped itself."""
+        kind, run_dir, until = self.kind, self.run_dir, self.until
+        if self.stopped:
+            stopped, limit = self.stopped, self.limit
+            message = (
+                f"stopped after {kind.step_key} {stopped}: {kind.invalid} in the last "
+                f"{limit} {kind.step_key}s (run.max_invalid_generations = {limit}). Its "
+                f"checkpoints are kept in {run_dir / 'checkpoints'}. {kind.advice}; "
+                f"`metarl resume {run_dir}` continues it")
+            if self.primary:
+                write_status(run_dir, "stopped",
+                             **{"generation": stopped, kind.step_key: stopped},
+                             message=message)
+            raise RunStopped(message)
+        if self.primary:
+            write_status(run_dir, "finished", **{"generation": until, kind.step_key: until},
+                         budget=until)
+        plots: list[Path] = []
+        if self.trackers:
+            plots = kind.plot(run_dir)
+            self.trackers.log_figures(until, plots)
+        return plots
+
+    def close_trackers(self) -> None:
+        self.trackers.close()
+
+
+def _progress_bar(total: int, initial: int, name: str, unit: str, config):
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, initial=initial, desc=name, unit=unit,
+                disable=not (config.run.progress and distributed.is_primary()),
+                dynamic_ncols=True)
+
+
 def _train(kind: RunKind, program, state, run_dir: Path, history: list[dict],
            events: list[dict]) -> SteppedRun:
     """Take the program's remaining steps, writing metrics every step and checkpoints every
-    ``run.checkpoint_every`` steps and at the end."""
-    from tqdm.auto import tqdm
-
-    from metarl.runs.trackers import RunTrackers
-
+    ``run.checkpoint_every`` steps and at the end (:class:`RunLedger`)."""
     config = program.config
     until = program.steps
-    checkpointer = _checkpointer(kind, run_dir, config)
     start = program.completed(state)
-    primary = distributed.is_primary()  # only process 0 writes files and shows progress
-    limit = config.run.max_invalid_generations
-    after_step = getattr(program, "after_step", None)
-    trackers = RunTrackers(config.run.trackers, run_dir, run_dir.name, config.to_dict(),
-                           primary)
-    bar = tqdm(total=until, initial=start, desc=config.name, unit=kind.step_key,
-               disable=not (config.run.progress and primary), dynamic_ncols=True)
-    stopped = None
-    plots: list[Path] = []
+    ledger = RunLedger(kind, program, run_dir, history, events, start)
+    bar = _progress_bar(until, start, config.name, kind.step_key, config)
     try:
         try:
             for step in range(start + 1, until + 1):
                 started = time.perf_counter()
                 state, record = program.step(state)
                 jax.block_until_ready(state)
-                seconds = time.perf_counter() - started
-                line = program.summary(step, record)
-                if kind.best_so_far_key not in line:
-                    so_far = history[-1][kind.best_so_far_key] if history else -math.inf
-                    line[kind.best_so_far_key] = float(np.nanmax([so_far,
-                                                                  line[kind.score_key]]))
-                if "agent_steps" not in line:
-                    line["agent_steps"] = ((history[-1]["agent_steps"] if history else 0)
-                                           + program.agent_steps_per_step)
-                line["seconds"] = seconds
-                line["agent_steps_per_second"] = (program.agent_steps_per_step / seconds
-                                                  if seconds > 0 else None)
-                line["time"] = now()
-                history.append(line)
-                if limit and _invalid_streak(history, kind.valid_key) >= limit:
-                    stopped = step
-                if primary:
-                    write_metrics(run_dir, history, events, step_key=kind.step_key)
-                trackers.log(step, line)  # it keeps the numbers (metarl.runs.trackers.scalars)
-                if after_step is not None:
-                    after_step(run_dir, state, primary)
-                # every process calls save: orbax synchronises them and process 0 writes
-                if step % config.run.checkpoint_every == 0 or step == until or stopped:
-                    meta = {"config": config.to_dict(), "history": history, "events": events}
-                    checkpointer.save(step, state, meta)
+                line = ledger.record(state, record, time.perf_counter() - started)
                 bar.set_postfix({kind.step_key: f"{step}/{until}", **program.postfix(line)},
                                 refresh=False)
                 bar.update(1)
-                if stopped:
+                if ledger.stopped:
                     break
         finally:
             bar.close()
-            checkpointer.close()
-        if stopped:
-            message = (
-                f"stopped after {kind.step_key} {stopped}: {kind.invalid} in the last "
-                f"{limit} {kind.step_key}s (run.max_invalid_generations = {limit}). Its "
-                f"checkpoints are kept in {run_dir / 'checkpoints'}. {kind.advice}; "
-                f"`metarl resume {run_dir}` continues it")
-            if primary:
-                write_status(run_dir, "stopped",
-                             **{"generation": stopped, kind.step_key: stopped},
-                             message=message)
-            raise RunStopped(message)
-        if primary:
-            write_status(run_dir, "finished", **{"generation": until, kind.step_key: until},
-                         budget=until)
-        if trackers:
-            plots = kind.plot(run_dir)
-            trackers.log_figures(until, plots)
+            ledger.close_checkpoints()
+        plots = ledger.finish()
     finally:
-        trackers.close()
+        ledger.close_trackers()
     return kind.result(run_dir, config, program, state, history, plots)
+
+
+@dataclass
+class JointMember:
+    """One run of a joint program (:func:`train_jointly`): its directory, its own program
+    (config, budget, ``summary``, ``after_step``, ``postfix``: the program of the run
+    alone), its state and its lines so far."""
+
+    run_dir: Path
+    program: Any
+    state: Any
+    history: list[dict[str, Any]] = field(default_factory=list)
+    events: list[dict[str, Any]] = field(default_factory=list)
+
+
+def train_member(kind: RunKind, member: JointMember) -> SteppedRun:
+    """Take ``member``'s remaining steps alone (as :func:`resume_run` does after
+    :func:`prepare_resume`)."""
+    return _train(kind, member.program, member.state, member.run_dir, member.history,
+                  member.events)
+
+
+def train_jointly(kind: RunKind, joint, members: list[JointMember], name: str
+                  ) -> list[SteppedRun]:
+    """Advance the runs of ``members`` together, one step of ``joint`` for all of them at a
+    time, each run recording its own steps as it would alone (:class:`RunLedger`: its
+    metrics, checkpoints, files, trackers and status in its own directory).
+
+    ``joint`` is a program over the members' states together:
+
+    - ``combine(states) -> joint_state``: the members' states as one;
+    - ``step(joint_state) -> (joint_state, record)``: one step of every member;
+    - ``split(joint_state, record) -> [(state, record), ...]``: each member's state and
+      record (what its program's ``summary`` reads) after the step, in order;
+    - ``agent_steps_per_step``: environment steps of one such step, all members together.
+
+    Members may start at different steps and have different budgets: every step advances
+    all of them, and a member records the step only while it has steps left (one that has
+    finished, or stopped itself after ``run.max_invalid_generations`` invalid steps, is
+    carried along unrecorded), so each member's steps are those it takes alone from its
+    own state. Each line's ``seconds`` is the joint step's. Returns each member's
+    :class:`SteppedRun`; :class:`RunStopped` is raised at the end, after every other
+    member has finished, when any member stopped itself.
+    """
+    ledgers = [RunLedger(kind, m.program, m.run_dir, m.history, m.events,
+                         m.program.completed(m.state)) for m in members]
+    states = [m.state for m in members]
+    first = members[0].program.config
+    bar = _progress_bar(sum(ledger.until for ledger in ledgers),
+                        sum(min(ledger.done_steps, ledger.until) for ledger in ledgers),
+                        f"{name} ({len(members)} runs)", kind.step_key, first)
+    stops, plots = [], [[] for _ in members]
+    try:
+        try:
+            joint_state = (joint.combine(states) if any(ledger.active for ledger in ledgers)
+                           else None)
+            while any(ledger.active for ledger in ledgers):
+                started = time.perf_counter()
+                joint_state, record = joint.step(joint_state)
+                jax.block_until_ready(joint_state)
+                seconds = time.perf_counter() - started
+                lines = []
+                for index, (state, member_record) in enumerate(joint.split(joint_state,
+                                                                           record)):
+                    if ledgers[index].active:
+                        states[index] = state
+                        lines.append(ledgers[index].record(state, member_record, seconds))
+                best = max(lines, key=lambda line: score_of_line(line, kind.score_key))
+                behind = min(ledger.done_steps for ledger in ledgers)
+                until = max(ledger.until for ledger in ledgers)
+                rate = joint.agent_steps_per_step / seconds if seconds > 0 else math.nan
+                bar.set_postfix({kind.step_key: f"{behind}/{until}",
+                                 "runs": sum(ledger.active for ledger in ledgers),
+                                 **members[0].program.postfix(best),
+                                 "steps_per_s": f"{rate:.3g}"}, refresh=False)
+                bar.update(len(lines))
+        finally:
+            bar.close()
+            for ledger in ledgers:
+                ledger.close_checkpoints()
+        for index, ledger in enumerate(ledgers):
+            try:
+                plots[index] = ledger.finish()
+            except RunStopped as stop:
+                stops.append(str(stop))
+    finally:
+        for ledger in ledgers:
+            ledger.close_trackers()
+    if stops:
+        raise RunStopped(" | ".join(stops))
+    return [kind.result(m.run_dir, m.program.config, m.program, state, m.history, figures)
+            for m, state, figures in zip(members, states, plots, strict=True)]
 
 
 def new_run_dir(config) -> Path:
@@ -385,9 +540,19 @@ def resume_run(kind: RunKind, run_dir: str | Path, steps: int | None = None,
     checkpoint has been restored; damaged checkpoints are moved to
     ``damaged-checkpoints/``.
     """
+    run_dir = Path(run_dir)
+    check_resumable(kind, run_dir, steps, trackers)
+    with hold_run_lock(run_dir, f"metarl resume {run_dir}"):
+        return train_member(kind, prepare_resume(kind, run_dir, steps, accept_config_change,
+                                                 trackers, mesh))
+
+
+def check_resumable(kind: RunKind, run_dir: Path, steps: int | None = None,
+                    trackers: tuple[str, ...] | None = None) -> None:
+    """What :func:`resume_run` checks before it locks ``run_dir``: the directory and its
+    config exist, ``steps`` is allowed for the kind, the trackers are installed."""
     from metarl.runs.trackers import check_trackers
 
-    run_dir = Path(run_dir)
     config = kind.read_config(run_dir)  # a missing directory or config, before locking
     if steps is not None and kind.budget_field is None:
         raise ConfigError(
@@ -395,64 +560,73 @@ def resume_run(kind: RunKind, run_dir: str | Path, steps: int | None = None,
             "(learning-rate annealing, exploration, noise decay), so it cannot be "
             "extended; start a new run to train longer")
     check_trackers(config.run.trackers if trackers is None else trackers)
-    with hold_run_lock(run_dir, f"metarl resume {run_dir}"):
-        config = kind.read_config(run_dir)
-        program = kind.build(config, mesh)
-        found = _find_checkpoint(kind, run_dir, program, accept=accept_config_change,
-                                 writer=True)
-        if found is None:
-            notify(f"{run_dir} has no complete checkpoint (the run stopped before its first "
-                   "one, so nothing was lost): starting it from the beginning")
-            done, state, history, events = 0, program.init(), [], []
-        else:
-            done, state = found.step, found.state
-            history = [line for line in found.meta["history"] if line[kind.step_key] <= done]
-            events = [event for event in found.meta.get("events", [])
-                      if event.get("after_step", 0) <= done]
-            if found.skipped:
-                notify(f"resuming {run_dir} from checkpoint {done}, the newest one that "
-                       "reads back")
-        until = program.steps if steps is None else steps
-        if until < done:
-            raise RunError(f"generations: the run already has {done} {kind.step_key}s "
-                           f"(> {until})")
-        if done >= until and found is not None:
-            extend = (f"`metarl resume {run_dir} --generations N` continues it to N"
-                      if kind.budget_field else
-                      f"the budget of a {kind.name} run shapes its schedules: start a new "
-                      "run to train longer")
-            notify(f"{run_dir} has finished its {until} {kind.step_key}s; nothing to "
-                   f"continue ({extend})")
-        records = []  # (record name, field, old, new) of what this resume changes
-        if kind.budget_field and until != program.steps:
-            records.append(("budget", kind.budget_field, program.steps, until))
-            config = _replace_field(config, kind.budget_field, until)
-        if trackers is not None and tuple(trackers) != tuple(config.run.trackers):
-            records.append(("trackers", TRACKERS_FIELD, list(config.run.trackers),
-                            list(trackers)))
-            config = _replace_field(config, TRACKERS_FIELD, tuple(trackers))
-        if records:  # neither shapes anything compiled
-            program.config, program.steps = config, until
-        if distributed.is_primary():
-            remove_stale_temporaries(run_dir)
-            if found is not None and found.changes:
-                changes = config_history.change_record(found.changes)
-                events.append({"event": "config_change", "after_step": done,
-                               "time": now(), "changes": changes})
-                config_history.record(run_dir, "config_change", after_step=done,
-                                      changes=changes, config=config.to_dict())
-                notify(f"continuing with a changed config (accepted, recorded in "
-                       f"{METRICS_FILE} and {config_history.CONFIG_HISTORY_FILE}): "
-                       f"{config_history.format_changes(found.changes)}")
-            for record, path, old, new in records:
-                config_history.record(run_dir, record, after_step=done,
-                                      changes=[{"field": path, "old": old, "new": new}])
-            if records:
-                write_json(run_dir / CONFIG_FILE, config.to_dict(), run_dir)
-            write_metrics(run_dir, history, events, step_key=kind.step_key)
-            write_status(run_dir, "running", resumed=now(), kind=kind.name, budget=until)
-        _warn_if_devices_changed(run_dir, history, _devices(program))
-        return _train(kind, program, state, run_dir, history, events)
+
+
+def prepare_resume(kind: RunKind, run_dir: Path, steps: int | None = None,
+                   accept_config_change: bool = False,
+                   trackers: tuple[str, ...] | None = None, mesh=None) -> JointMember:
+    """Everything :func:`resume_run` does before it trains, with ``run_dir``'s lock held
+    by the caller: the program, the state of the newest usable checkpoint (or the initial
+    state), the history and events up to it, the budget and trackers changed and recorded,
+    ``metrics.jsonl`` and the status written. Returns them as a :class:`JointMember`
+    (trained by :func:`_train` alone, or by :func:`train_jointly` with others)."""
+    config = kind.read_config(run_dir)
+    program = kind.build(config, mesh)
+    found = _find_checkpoint(kind, run_dir, program, accept=accept_config_change,
+                             writer=True)
+    if found is None:
+        notify(f"{run_dir} has no complete checkpoint (the run stopped before its first "
+               "one, so nothing was lost): starting it from the beginning")
+        done, state, history, events = 0, program.init(), [], []
+    else:
+        done, state = found.step, found.state
+        history = [line for line in found.meta["history"] if line[kind.step_key] <= done]
+        events = [event for event in found.meta.get("events", [])
+                  if event.get("after_step", 0) <= done]
+        if found.skipped:
+            notify(f"resuming {run_dir} from checkpoint {done}, the newest one that "
+                   "reads back")
+    until = program.steps if steps is None else steps
+    if until < done:
+        raise RunError(f"generations: the run already has {done} {kind.step_key}s "
+                       f"(> {until})")
+    if done >= until and found is not None:
+        extend = (f"`metarl resume {run_dir} --generations N` continues it to N"
+                  if kind.budget_field else
+                  f"the budget of a {kind.name} run shapes its schedules: start a new "
+                  "run to train longer")
+        notify(f"{run_dir} has finished its {until} {kind.step_key}s; nothing to "
+               f"continue ({extend})")
+    records = []  # (record name, field, old, new) of what this resume changes
+    if kind.budget_field and until != program.steps:
+        records.append(("budget", kind.budget_field, program.steps, until))
+        config = _replace_field(config, kind.budget_field, until)
+    if trackers is not None and tuple(trackers) != tuple(config.run.trackers):
+        records.append(("trackers", TRACKERS_FIELD, list(config.run.trackers),
+                        list(trackers)))
+        config = _replace_field(config, TRACKERS_FIELD, tuple(trackers))
+    if records:  # neither shapes anything compiled
+        program.config, program.steps = config, until
+    if distributed.is_primary():
+        remove_stale_temporaries(run_dir)
+        if found is not None and found.changes:
+            changes = config_history.change_record(found.changes)
+            events.append({"event": "config_change", "after_step": done,
+                           "time": now(), "changes": changes})
+            config_history.record(run_dir, "config_change", after_step=done,
+                                  changes=changes, config=config.to_dict())
+            notify(f"continuing with a changed config (accepted, recorded in "
+                   f"{METRICS_FILE} and {config_history.CONFIG_HISTORY_FILE}): "
+                   f"{config_history.format_changes(found.changes)}")
+        for record, path, old, new in records:
+            config_history.record(run_dir, record, after_step=done,
+                                  changes=[{"field": path, "old": old, "new": new}])
+        if records:
+            write_json(run_dir / CONFIG_FILE, config.to_dict(), run_dir)
+        write_metrics(run_dir, history, events, step_key=kind.step_key)
+        write_status(run_dir, "running", resumed=now(), kind=kind.name, budget=until)
+    _warn_if_devices_changed(run_dir, history, _devices(program))
+    return JointMember(run_dir, program, state, history, events)
 
 
 def _warn_if_devices_changed(run_dir: Path, history: list[dict], devices: int) -> None:
