@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from _xla import learning_env
 
 
 def start_learning_run(worker: str, folder: Path, seeds: int) -> subprocess.Popen:
@@ -20,7 +21,7 @@ def start_learning_run(worker: str, folder: Path, seeds: int) -> subprocess.Pope
     with open(folder / "stderr.txt", "w") as stderr:
         return subprocess.Popen(
             [sys.executable, "-c", worker, str(folder / "metrics.npz"), str(seeds)],
-            stdout=subprocess.DEVNULL, stderr=stderr,
+            stdout=subprocess.DEVNULL, stderr=stderr, env=learning_env(),
         )
 
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import subprocess
-import sys
 from pathlib import Path
 
 import jax
@@ -33,7 +32,9 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
+from _learning import start_learning_run, stop_learning_run
 from _precision import assert_close_to_float32, assert_learned_in_float32, train_briefly
+from _xla import EXACT_COMPILER_OPTIONS
 
 from inner_loops import make_learner, stack_hyperparams, train_population
 from inner_loops.dqn import DQNConfig, epsilon_at, make_q_network
@@ -44,7 +45,7 @@ from metarl.config import ConfigError
 from metarl.evolve.config import config_from_dict
 from metarl.objectives import register_objective
 
-FAST_COMPILE = {"xla_backend_optimization_level": 0}
+FAST_COMPILE = EXACT_COMPILER_OPTIONS
 
 
 def jit(fn, **kwargs):
@@ -81,16 +82,9 @@ LEARNING_TIMEOUT = 900  # seconds
 @pytest.fixture(scope="module")
 def learning_process(tmp_path_factory):
     folder = tmp_path_factory.mktemp("dqn_cartpole")
-    with open(folder / "stderr.txt", "w") as stderr:
-        process = subprocess.Popen(
-            [sys.executable, "-c", LEARNING_WORKER, str(folder / "metrics.npz"),
-             str(LEARNING_SEEDS)],
-            stdout=subprocess.DEVNULL, stderr=stderr,
-        )
+    process = start_learning_run(LEARNING_WORKER, folder, LEARNING_SEEDS)
     yield process, folder
-    if process.poll() is None:
-        process.kill()
-        process.wait()
+    stop_learning_run(process)
 
 
 @pytest.fixture(scope="module", autouse=True)

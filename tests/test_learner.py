@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
+from _xla import EXACT_COMPILER_OPTIONS
 
 from inner_loops import (
     PPOConfig,
@@ -28,7 +29,7 @@ from inner_loops import (
 )
 
 # compile at XLA's lowest backend optimisation level: these tests check semantics
-FAST_COMPILE = {"xla_backend_optimization_level": 0}
+FAST_COMPILE = EXACT_COMPILER_OPTIONS
 
 CONFIGS = {
     "discrete": PPOConfig(num_envs=2, num_steps=8, total_timesteps=64, update_epochs=2,

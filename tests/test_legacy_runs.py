@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import jax
 import numpy as np
+from _xla import learning_env
 
-from metarl.kinds import read_config, resume
+from metarl.kinds import load_run, read_config
 from metarl.runs.meta_params import MEAN_FILE, load_meta_params
 
 DATA = Path(__file__).parent / "data"
@@ -32,7 +35,12 @@ def test_a_run_of_metarl_0_1_resumes_and_continues_exactly(tmp_path):
     assert config.run.chunk_size == "auto"
     assert type(config.inner[0]).__name__ == "PPOConfig"
 
-    result = resume(run_dir, generations=3)
+    # resumed in a process with the code generation that version ran under (level 1,
+    # XLA's default emitters): this suite's quicker-to-compile flags round differently
+    resume = f"from metarl.kinds import resume; resume({str(run_dir)!r}, generations=3)"
+    subprocess.run([sys.executable, "-c", resume], env=learning_env(), check=True,
+                   capture_output=True, timeout=600)
+    result = load_run(run_dir)
     assert [line["generation"] for line in result.history] == [1, 2, 3]
     expected = load_meta_params(DATA / "run_0_1_mean_after_3.msgpack")
     reached = load_meta_params(run_dir / MEAN_FILE)

@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from _learning import learning_metrics, start_first, start_learning_run, stop_learning_run
+from _xla import LEARNING_COMPILER_OPTIONS
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -315,6 +316,8 @@ def test_env_params_reach_the_training_environment():
 def train_seeds(config: PPOConfig, num_seeds: int, seed: int = 0, compiler_options=None):
     """Train ``num_seeds`` agents in one ``jit(vmap(train))``; metrics as numpy arrays."""
     keys = jax.random.split(jax.random.PRNGKey(seed), num_seeds)
+    if compiler_options is None:  # these train for long: compile them to run fast
+        compiler_options = LEARNING_COMPILER_OPTIONS
     compiled = jax.jit(jax.vmap(make_train(config))).lower(keys).compile(compiler_options)
     return jax.device_get(compiled(keys))
 
