@@ -12,13 +12,16 @@ from pathlib import Path
 import jax
 
 KILL_WORKER = Path(__file__).parent / "_kill_worker.py"
+PAUSE_WITHIN = "METARL_TEST_PAUSE_WITHIN"  # read by the worker
 
 
-def kill_inside_save(step: int, args: list[str], timeout: float = 300) -> None:
+def kill_inside_save(step: int, args: list[str], timeout: float = 300,
+                     within: str | None = None) -> None:
     """Start ``metarl run ARGS`` in a subprocess (``ARGS`` with or without ``run`` first),
-    wait until it is inside the save of checkpoint ``step``, and SIGKILL it."""
+    wait until it is inside the save of checkpoint ``step`` (of the directory named
+    ``within``, e.g. one seed of a joint run, when given), and SIGKILL it."""
     env = {**os.environ, "JAX_NUM_CPU_DEVICES": str(jax.device_count()),
-           "PYTHONUNBUFFERED": "1"}
+           "PYTHONUNBUFFERED": "1", PAUSE_WITHIN: within or ""}
     process = subprocess.Popen([sys.executable, str(KILL_WORKER), str(step), *args], env=env,
                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:

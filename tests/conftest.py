@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import jax
 import pytest
+from _tiny_evolution import TINY
 
 # The event jax records around every backend (XLA) compilation, and the one recording what
 # a hit in the persistent compilation cache (switched on by the root conftest.py) saved.
@@ -113,3 +114,11 @@ def pytest_terminal_summary(terminalreporter):
 def key() -> jax.Array:
     """A fixed PRNG key; tests split it rather than invent seeds."""
     return jax.random.PRNGKey(0)
+
+
+@pytest.fixture(scope="module")
+def tiny_config_file(tmp_path_factory):
+    """The tiny evolution experiment of ``tests/_tiny_evolution.py`` as a TOML file."""
+    path = tmp_path_factory.mktemp("config") / "tiny.toml"
+    path.write_text(TINY)
+    return path

@@ -11,18 +11,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import shutil
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import jax
 import numpy as np
 import pytest
-from _tiny_evolution import TINY
+from _kill import kill_inside_save
 
 from metarl.cli import main
 from metarl.config import ConfigError
@@ -52,35 +47,6 @@ TIMING = ("seconds", "agent_steps_per_second", "time")
 # by about one float32 ulp (2e-6 at 23) and, the ES ranking candidates, the meta-parameters
 # stay equal unless two candidates are within that of each other.
 FITNESS_RTOL = 1e-6
-
-KILL_WORKER = """
-import sys, time
-import orbax.checkpoint as ocp
-from metarl.cli import main
-
-pause_at, seed_dir = int(sys.argv[1]), sys.argv[2]
-original_finalize = ocp.StandardCheckpointHandler.finalize
-
-
-def finalize_then_freeze(self, directory):  # freeze inside one seed's save of one step
-    original_finalize(self, directory)
-    tmp_dir = directory.parent.name  # "<step>.orbax-checkpoint-tmp-<n>"
-    if (seed_dir in directory.parts and "orbax-checkpoint-tmp" in tmp_dir
-            and int(tmp_dir.split(".")[0]) == pause_at):
-        print("PAUSED_IN_SAVE", flush=True)
-        time.sleep(600)
-
-
-ocp.StandardCheckpointHandler.finalize = finalize_then_freeze
-sys.exit(main(["run", *sys.argv[3:]]))
-"""
-
-
-@pytest.fixture(scope="module")
-def tiny_config_file(tmp_path_factory):
-    path = tmp_path_factory.mktemp("config") / "tiny.toml"
-    path.write_text(TINY)
-    return path
 
 
 @pytest.fixture(scope="module")
@@ -176,28 +142,11 @@ def test_a_parent_killed_inside_a_save_resumes_into_the_uninterrupted_run(
         joint_run, tiny_config_file, tmp_path):
     reference, _, _ = joint_run
     parent = tmp_path / "killed"
-    worker = tmp_path / "kill_worker.py"
-    worker.write_text(KILL_WORKER)
-    env = {**os.environ, "JAX_NUM_CPU_DEVICES": str(jax.device_count()),
-           "PYTHONUNBUFFERED": "1"}
     # frozen inside seed_1's save of generation 2, after seed_0 saved it: the seeds stop
     # at different generations (seed_0 at 2, seed_1 at 1)
-    process = subprocess.Popen(
-        [sys.executable, str(worker), "2", "seed_1", str(tiny_config_file), "--run-dir",
-         str(parent), "--no-plots", "--evolution-seeds", str(SEEDS),
-         "--set", f"es.generations={GENERATIONS}"],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    try:
-        deadline, line = time.monotonic() + 300, ""
-        while "PAUSED_IN_SAVE" not in line:
-            assert process.poll() is None and time.monotonic() < deadline, "no pause"
-            line = process.stdout.readline()
-        os.kill(process.pid, signal.SIGKILL)
-        process.wait(timeout=30)
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
+    kill_inside_save(2, [str(tiny_config_file), "--run-dir", str(parent), "--no-plots",
+                         "--evolution-seeds", str(SEEDS), "--set",
+                         f"es.generations={GENERATIONS}"], within="seed_1")
     assert (parent / "seed_0" / "checkpoints" / "2" / "commit_success.txt").exists()
     assert not (parent / "seed_1" / "checkpoints" / "2").exists()
     assert [p for p in (parent / "seed_1" / "checkpoints").iterdir() if "tmp" in p.name]

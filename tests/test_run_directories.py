@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from _tiny_evolution import GENERATIONS, KILL_WORKER, TINY
+from _tiny_evolution import GENERATIONS, KILL_WORKER
 
 from inner_loops.objective import LossTerm, Objective, clipped_l2
 from metarl import distributed
@@ -51,13 +51,6 @@ from metarl.runs.layout import (
 from metarl.runs.listing import list_runs
 from metarl.runs.lock import RunLockedError, acquire, hold_run_lock, lock_holder
 from metarl.runs.meta_params import MEAN_FILE, load_meta_params
-
-
-@pytest.fixture(scope="module")
-def tiny_config_file(tmp_path_factory):
-    path = tmp_path_factory.mktemp("config") / "tiny.toml"
-    path.write_text(TINY)
-    return path
 
 
 @pytest.fixture(scope="module")

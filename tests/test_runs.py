@@ -18,20 +18,13 @@ import jax
 import numpy as np
 import pytest
 from _subprocess_env import env_without_device_count
-from _tiny_evolution import GENERATIONS, KILL_WORKER, TINY
+from _tiny_evolution import GENERATIONS, KILL_WORKER
 
 from metarl.cli import main
 from metarl.kinds import load_experiment, resume, start
 from metarl.runs.checkpoint import RunCheckpointer
 from metarl.runs.layout import CheckpointError, RunError, read_metrics
 from metarl.runs.meta_params import MEAN_FILE, load_meta_params
-
-
-@pytest.fixture(scope="module")
-def tiny_config_file(tmp_path_factory):
-    path = tmp_path_factory.mktemp("config") / "tiny.toml"
-    path.write_text(TINY)
-    return path
 
 
 @pytest.fixture(scope="module")

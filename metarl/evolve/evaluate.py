@@ -50,7 +50,7 @@ from metarl.sweep import GridAxis, check_grid, sweep_population, train_sweep
 __all__ = ["ObjectiveResult", "across_figure_path", "check_across", "comparison_pairs",
            "default_baselines", "environment_statistics", "evaluate_across",
            "evaluate_objective", "evaluate_run", "format_across", "format_table",
-           "held_out_scores", "judge", "save_across_figure"]
+           "held_out_scores", "judge", "save_across_figure", "text_table"]
 DEFAULT_EVAL_SEED = 10_007
 EVOLVED = "evolved"
 TUNED = " (tuned)"
@@ -590,7 +590,7 @@ def format_across(report: Mapping[str, Any]) -> str:
                 f"{by_value[v]['value']:.2f} [{by_value[v]['low']:.2f}, "
                 f"{by_value[v]['high']:.2f}]" for v in values]))
     return (f"across {section['knob']}: {section['metric']} IQM [95% CI] over "
-            f"{section['seeds']} held-out seeds at each value\n" + _table(rows))
+            f"{section['seeds']} held-out seeds at each value\n" + text_table(rows))
 
 
 def format_table(report: dict[str, Any]) -> str:
@@ -611,7 +611,7 @@ def format_table(report: dict[str, Any]) -> str:
             e = estimates.get(name, {"value": np.nan, "low": np.nan, "high": np.nan})
             cells += [f"{e['value']:.2f}", f"[{e['low']:.2f}, {e['high']:.2f}]"]
         rows.append((r["env_id"], r["objective"], *cells, str(r.get("invalid", 0))))
-    blocks = [_table(rows)]
+    blocks = [text_table(rows)]
     found = [(env_id, c) for env_id, data in environments.items()
              for c in data.get("comparisons", [])]
     if found:
@@ -620,12 +620,13 @@ def format_table(report: dict[str, Any]) -> str:
         rows += [(env_id, c["evolved"], c["baseline"], f"{c['probability_of_improvement']:.2f}",
                   f"[{c['low']:.2f}, {c['high']:.2f}]", "yes" if c["paired"] else "no",
                   c["verdict"]) for env_id, c in found]
-        blocks.append(_table(rows) + "\nverdict: better / worse when the 95% interval of "
+        blocks.append(text_table(rows) + "\nverdict: better / worse when the 95% interval of "
                       "P(improvement) lies wholly above / below 0.5, else no difference found")
     return "\n\n".join(blocks)
 
 
-def _table(rows: list[tuple[str, ...]]) -> str:
+def text_table(rows: list[tuple[str, ...]]) -> str:
+    """``rows`` (the first a header) as aligned columns, a rule under the header."""
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
              for row in rows]

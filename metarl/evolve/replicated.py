@@ -60,7 +60,7 @@ from inner_loops.population import check_population_memory
 from metarl import distributed
 from metarl.evolve.compare import Comparison, pooled_verdicts, summarise_run, verdicts
 from metarl.evolve.config import ExperimentConfig, config_from_dict
-from metarl.evolve.evaluate import evaluate_run
+from metarl.evolve.evaluate import evaluate_run, text_table
 from metarl.evolve.generation import Evolution, EvolutionState
 from metarl.evolve.kind import RUN_KIND, EvolveProgram, RunResult
 from metarl.runs import engine
@@ -75,7 +75,7 @@ from metarl.runs.replicates import (
     write_replicates,
 )
 from metarl.runs.resume import had_checkpoints, notify
-from metarl.runs.start import started_run
+from metarl.runs.start import create_run_dir, started_run
 from metarl.sharding import put_replicated, replicate
 from metarl.stats import OUTCOMES
 
@@ -287,12 +287,7 @@ def start_replicated(config: ExperimentConfig, run_dir: str | Path | None = None
     joint = ReplicatedProgram(config, count, mesh)  # checks the config fully first
     check_trackers(config.run.trackers)
     command = f"metarl run --run-dir {parent} --evolution-seeds {count}"
-    if distributed.is_primary():
-        try:
-            parent.mkdir(parents=True, exist_ok=True)
-        except OSError as error:
-            raise RunError(f"cannot create {parent}: {error.strerror or error}") from error
-    distributed.barrier("metarl-replicates-mkdir")
+    create_run_dir(parent, "metarl-replicates-mkdir")
     with hold_run_lock(parent, command), contextlib.ExitStack() as stack:
         earlier = _check_fresh_parent(parent, config)
         if earlier is not None and "baselines" in earlier:
@@ -433,7 +428,7 @@ def format_replicated_evaluation(report: dict[str, Any]) -> str:
              for v in report["verdicts"]]
     blocks = [f"{len(report['replicates'])} evolution seeds, each evaluated on the same "
               f"{report.get('seeds')} held-out seeds (eval seed {report.get('eval_seed')}); "
-              "every seed's own table is in its evaluations/\n" + _table(rows)]
+              "every seed's own table is in its evaluations/\n" + text_table(rows)]
     rows = [("environment", "objective", "vs baseline", *OUTCOMES, "IQM objective",
              "IQM baseline", "P(improvement)", "verdict (all seeds)")]
     rows += [(p["env_id"], p["evolved"], p["baseline"],
@@ -442,14 +437,6 @@ def format_replicated_evaluation(report: dict[str, Any]) -> str:
               p["verdict"]) for p in report["pooled"]]
     blocks.append("across evolution seeds: seeds judged better / no difference found / "
                   "worse, and IQM and P(improvement) over evolution seeds x held-out seeds "
-                  "(95% intervals, the held-out seed resampled)\n" + _table(rows))
+                  "(95% intervals, the held-out seed resampled)\n" + text_table(rows))
     return "\n\n".join(blocks)
-
-
-def _table(rows: list[tuple[str, ...]]) -> str:
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
-             for row in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
 

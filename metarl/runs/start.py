@@ -38,6 +38,19 @@ def new_run_dir(output_dir: str | Path, name: str) -> Path:
     return candidate
 
 
+def create_run_dir(run_dir: Path, barrier: str) -> None:
+    """Create ``run_dir`` (process 0 of a multi-process run; the others wait at the
+    ``barrier`` of that name), a :class:`RunError` naming it when that fails."""
+    from metarl import distributed
+
+    if distributed.is_primary():
+        try:
+            run_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise RunError(f"cannot create {run_dir}: {error.strerror or error}") from error
+    distributed.barrier(barrier)
+
+
 @contextmanager
 def started_run(run_dir: Path, config: dict[str, Any], *, command: str,
                 normalize: Callable[[dict[str, Any]], dict[str, Any]],
@@ -47,12 +60,7 @@ def started_run(run_dir: Path, config: dict[str, Any], *, command: str,
     ``status.json`` (e.g. the run kind and its budget)."""
     from metarl import distributed
 
-    if distributed.is_primary():
-        try:
-            run_dir.mkdir(parents=True, exist_ok=True)
-        except OSError as error:
-            raise RunError(f"cannot create {run_dir}: {error.strerror or error}") from error
-    distributed.barrier("metarl-start-mkdir")
+    create_run_dir(run_dir, "metarl-start-mkdir")
     with hold_run_lock(run_dir, command):
         check_fresh(run_dir, config, normalize=normalize, budget_fields=budget_fields)
         distributed.barrier("metarl-start-checked")  # all have looked before 0 writes
