@@ -67,8 +67,9 @@ class ContinuousControlConfig(off_policy.UpdateSchedule):
     environment step, as the RL Baselines3 Zoo's Pendulum settings do) on batches of 128,
     after 1000 steps of uniformly random actions; networks of 64-64 ReLU units; Adam at
     1e-3 (the Zoo's Pendulum rate). Public MuJoCo settings (fastpbrl: 256-256 units,
-    batch 256, learning rates 3e-4) are for experiment files and accelerators. Measured
-    returns are in the README; ``tests/test_td3_sac.py`` checks them.
+    batch 256, learning rates 3e-4) are for experiment files and accelerators. Their
+    returns are measured by ``benchmarks/default_configs_learn.py``
+    (``docs/results/default_configs_learn.json``).
 
     Building a config checks every field but builds no environment; checks that need the
     environment (does ``env_id`` exist, are its actions continuous) run when the learner is

@@ -1,8 +1,10 @@
 """Tests of DQN, :mod:`inner_loops.dqn`.
 
-- Learning: the default config on CartPole-v1, 4 seeds of 1e5 environment steps in one
-  ``jit(vmap)``, greedy evaluation episodes at the end: median return >= 400. It trains in
-  a subprocess started when the module starts, beside the tests below.
+- Learning: a small config (3e4 environment steps, 64-64 units) on CartPole-v1, 4 seeds in
+  one ``jit(vmap)``, greedy evaluation episodes at the end: median return >= 150, every seed
+  above 2.5 times a random policy's. It trains in a subprocess started when the module
+  starts, beside the tests below. (What the default config reaches:
+  ``benchmarks/default_configs_learn.py``.)
 - Probes: on every discrete probe environment the learned Q-values come out within a
   tolerance of the exact ones (including bootstrapping through a time limit).
 - The contract: ``train`` equals ``init`` + ``advance`` in segments bit for bit; a vmapped
@@ -24,7 +26,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import subprocess
 from pathlib import Path
 
 import jax
@@ -32,7 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
-from _learning import start_learning_run, stop_learning_run
+from _learning import learning_metrics, start_first, start_learning_run, stop_learning_run
 from _precision import assert_close_to_float32, assert_learned_in_float32, train_briefly
 from _xla import EXACT_COMPILER_OPTIONS
 
@@ -55,6 +56,13 @@ def jit(fn, **kwargs):
 # ---------------------------------------------------------- learning (subprocess, early)
 
 LEARNING_SEEDS = 4
+# Smaller than the default config (which benchmarks/default_configs_learn.py measures): 3e4
+# steps, 64-64 units, 64 gradient steps per update of 256 steps. Over 20 seeds
+# (PRNGKey(0..4), 4 each) every greedy return was between 158 and 445, medians of 4 between
+# 208 and 333; with 32-32 units one seed of 4 ended at 44.
+CARTPOLE = {"total_timesteps": 30_000, "buffer_size": 30_000, "hidden_sizes": (64, 64),
+            "gradient_steps": 64, "target_update_interval": 64}
+RANDOM_RETURN = 22.4  # a uniformly random policy on CartPole-v1, over 1e4 episodes
 LEARNING_WORKER = """
 import sys
 import jax
@@ -62,8 +70,7 @@ import numpy as np
 from inner_loops import make_learner
 from inner_loops.dqn import DQNConfig
 
-learner = make_learner(DQNConfig())
-assert learner.steps_per_agent <= 100_000
+learner = make_learner(DQNConfig(**CARTPOLE))
 
 
 def run(key):
@@ -72,11 +79,14 @@ def run(key):
     return metrics, learner.evaluate(state, eval_key)
 
 
+# Compiled without XLA's fusion emitters: 7 s of compile CPU instead of 11, and it runs
+# about as fast (4-5 s).
 keys = jax.random.split(jax.random.PRNGKey(0), int(sys.argv[2]))
-metrics, evaluation = jax.device_get(jax.jit(jax.vmap(run))(keys))
+train = jax.jit(jax.vmap(run), compiler_options={"xla_cpu_use_fusion_emitters": False})
+metrics, evaluation = jax.device_get(train(keys))
 np.savez(sys.argv[1], **metrics, **evaluation)
-"""
-LEARNING_TIMEOUT = 900  # seconds
+""".replace("CARTPOLE)", f"{CARTPOLE!r})")
+LEARNING_TIMEOUT = 600  # seconds
 
 
 @pytest.fixture(scope="module")
@@ -90,39 +100,30 @@ def learning_process(tmp_path_factory):
 @pytest.fixture(scope="module", autouse=True)
 def start_learning_first(request):
     """Start the CartPole run at the start of the module when its test is selected."""
-    if any(item.module is request.module and "cartpole" in item.name
-           for item in request.session.items):
-        request.getfixturevalue("learning_process")
+    start_first(request, "learning_process", "cartpole")
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(LEARNING_TIMEOUT + 60, method="thread")
-def test_cartpole_greedy_return_with_default_config(learning_process):
-    """The default config learns CartPole-v1 within 1e5 steps per agent: the median greedy
-    return over 4 seeds is at least 400 and some seed reaches the 500 cap, after a warm-up
-    that acted as a random policy does (about 22 per episode)."""
+def test_cartpole_greedy_return_with_a_small_config(learning_process):
+    """A small config (``CARTPOLE``: 3e4 steps, 64-64 units) learns CartPole-v1: the median
+    greedy return over 4 seeds is at least 150 and every seed's above 2.5 times a random
+    policy's (about 22), after a warm-up that acted as a random policy does."""
     process, folder = learning_process
-    try:
-        process.wait(timeout=LEARNING_TIMEOUT)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
-        pytest.fail(f"DQN CartPole training did not finish within {LEARNING_TIMEOUT} s")
-    assert process.returncode == 0, (folder / "stderr.txt").read_text()[-4000:]
-    with np.load(folder / "metrics.npz") as data:
-        metrics = {name: data[name] for name in data.files}
+    metrics = learning_metrics(process, folder, LEARNING_TIMEOUT, "DQN CartPole training")
     greedy = metrics["eval_return"]
     print(f"DQN CartPole-v1 greedy return per seed: {greedy}; median {np.median(greedy)}")
     assert metrics["finite"].all()
-    assert np.median(greedy) >= 400.0, greedy
-    assert np.max(greedy) == 500.0, greedy
+    assert np.median(greedy) >= 150.0, greedy
+    assert np.all(greedy > 2.5 * RANDOM_RETURN), greedy
     np.testing.assert_array_equal(metrics["eval_return"], metrics["eval_length"])
     # The warm-up (the first 4 updates, 1024 >= learning_starts steps) acts uniformly at
     # random: its ~40 episodes per seed average about a random policy's return (22.4 over
     # 1e4 episodes, 11.8 standard deviation, so about 2 for a mean of 40; those finished
     # within 128 steps are a little shorter), whatever the seed; and epsilon then decays
     # to its floor as configured.
-    warmup = DQNConfig().warmup_updates + 1
+    config = DQNConfig(**CARTPOLE)
+    warmup = config.warmup_updates + 1
     assert warmup == 4
     episodes = metrics["episodes"][:, :warmup]
     returns = np.where(episodes > 0, metrics["episode_return"][:, :warmup], 0.0)
@@ -132,7 +133,7 @@ def test_cartpole_greedy_return_with_default_config(learning_process):
     epsilon = metrics["epsilon"]
     assert np.all(epsilon[:, :warmup] == 1.0)
     assert np.all(np.diff(epsilon, axis=1) <= 0.0)
-    np.testing.assert_allclose(epsilon[:, -1], DQNConfig().epsilon_end, rtol=1e-5)
+    np.testing.assert_allclose(epsilon[:, -1], config.epsilon_end, rtol=1e-5)
 
 
 # ---------------------------------------------------------------------------- probes
