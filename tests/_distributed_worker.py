@@ -1,13 +1,13 @@
-"""Subprocess of ``tests/test_distributed.py``: one process of a multi-process generation.
+"""Subprocess of ``tests/test_distributed.py``: one process of a ``metarl --distributed``
+command, reporting what this process saw.
 
-``python tests/_distributed_worker.py distributed`` joins a :mod:`jax.distributed` run
-configured by the ``METARL_COORDINATOR`` / ``METARL_NUM_PROCESSES`` / ``METARL_PROCESS_ID``
-environment variables (gloo collectives on the CPU; the test binds the coordinator to
-127.0.0.1), shards the generations of the experiment in ``_sharding_worker.experiment``
-over the devices of every process, and prints one JSON object.
-
-``python tests/_distributed_worker.py reference`` runs the same experiment in one process
-on one device, without :mod:`jax.distributed`.
+Usage: ``python tests/_distributed_worker.py REPORT [metarl arguments...]``. It runs the
+command line (:func:`metarl.cli.main`) unchanged, then writes a JSON object to the file
+``REPORT``: this process's rank, process count and devices, every generation it recorded
+(the generation's fitness and the ES mean after it, as this process holds them) and how many
+programs the jitted generation step was traced into. Only process 0 writes a run's files,
+so without this report the other processes' view could not be checked. ``RunLedger.record``
+is wrapped here; nothing in metarl itself changes.
 """
 
 from __future__ import annotations
@@ -16,34 +16,42 @@ import faulthandler
 import json
 import os
 import sys
-import time
+
+import jax
+import numpy as np
 
 from metarl import distributed
+from metarl.cli import main
+from metarl.runs import engine
+
+report: dict = {"generations": []}
+record_step = engine.RunLedger.record
 
 
-def main(mode: str) -> None:
-    # A hang prints every thread's stack and exits, so the test fails with a reason.
-    faulthandler.dump_traceback_later(float(os.environ.get("WORKER_WATCHDOG", "250")),
-                                      exit=True)
-    if mode == "distributed":
-        distributed.initialize(initialization_timeout=60)
-    import jax
-    from _sharding_worker import run_generations  # same directory as this script
-
-    started = time.perf_counter()
-    result = run_generations(shard=mode == "distributed")
-    result.update(
-        mode=mode,
+def record_and_report(ledger, state, record, seconds):
+    line = record_step(ledger, state, record, seconds)
+    report.update(
         process_index=distributed.process_index(),
         process_count=distributed.process_count(),
         is_primary=distributed.is_primary(),
         local_devices=jax.local_device_count(),
         devices=jax.device_count(),
-        total_seconds=time.perf_counter() - started,
+        step_programs=ledger.program.evolution.step._cache_size(),
     )
-    print(json.dumps(result), flush=True)
-    distributed.shutdown()
+    # The flat ES mean is a replicated array: each process reads its own copy, no computation
+    mean = np.asarray(jax.device_get(state.es_state.mean), np.float64)
+    report["generations"].append({"generation": line["generation"],
+                                  "fitness": line["fitness"], "mean": mean.tolist()})
+    return line
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "distributed")
+    # A hang prints every thread's stack and exits, so the test fails with a reason.
+    faulthandler.dump_traceback_later(float(os.environ.get("WORKER_WATCHDOG", "360")),
+                                      exit=True)
+    report_path, arguments = sys.argv[1], sys.argv[2:]
+    engine.RunLedger.record = record_and_report
+    code = main(arguments)
+    with open(report_path, "w") as handle:
+        json.dump(report, handle)
+    sys.exit(code)

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import jax
+from _subprocess_env import jax_cache_env
 
 KILL_WORKER = Path(__file__).parent / "_kill_worker.py"
 PAUSE_WITHIN = "METARL_TEST_PAUSE_WITHIN"  # read by the worker
@@ -20,7 +21,7 @@ def kill_inside_save(step: int, args: list[str], timeout: float = 300,
     """Start ``metarl run ARGS`` in a subprocess (``ARGS`` with or without ``run`` first),
     wait until it is inside the save of checkpoint ``step`` (of the directory named
     ``within``, e.g. one seed of a joint run, when given), and SIGKILL it."""
-    env = {**os.environ, "JAX_NUM_CPU_DEVICES": str(jax.device_count()),
+    env = {**os.environ, **jax_cache_env(), "JAX_NUM_CPU_DEVICES": str(jax.device_count()),
            "PYTHONUNBUFFERED": "1", PAUSE_WITHIN: within or ""}
     process = subprocess.Popen([sys.executable, str(KILL_WORKER), str(step), *args], env=env,
                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)

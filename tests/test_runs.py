@@ -17,7 +17,7 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
-from _subprocess_env import env_without_device_count
+from _subprocess_env import env_without_device_count, jax_cache_env
 from _tiny_evolution import GENERATIONS, KILL_WORKER
 
 from metarl.cli import main
@@ -89,8 +89,9 @@ def test_two_plus_two_resumed_equals_four_straight(tiny_config_file, reference_r
 
 def _start_worker(tiny_config_file, run_dir, pause_at=0):
     # The worker runs the CLI, which would expose one CPU device per core; it must use as
-    # many devices as this process, which resumes its run, for the resume to be exact.
-    env = {**os.environ, "JAX_NUM_CPU_DEVICES": str(jax.device_count())}
+    # many devices as this process, which resumes its run, for the resume to be exact. Its
+    # programs are then this process's, loaded from the persistent cache.
+    env = {**os.environ, **jax_cache_env(), "JAX_NUM_CPU_DEVICES": str(jax.device_count())}
     return subprocess.Popen(
         [sys.executable, str(KILL_WORKER), str(pause_at), str(tiny_config_file),
          "--run-dir", str(run_dir), "--no-plots"],
@@ -129,7 +130,7 @@ def test_sigkill_during_a_generation_then_resume(tiny_config_file, reference_run
 def test_resuming_on_another_device_count_warns(tiny_config_file, tmp_path):
     """A run started by the CLI on 2 CPU devices and resumed here on this process's one."""
     run_dir = tmp_path / "two_devices"
-    env = env_without_device_count()
+    env = env_without_device_count(**jax_cache_env())
     subprocess.run([sys.executable, "-m", "metarl.cli", "--cpu-devices", "2", "run",
                     str(tiny_config_file), "--run-dir", str(run_dir), "--no-plots",
                     "--set", "es.generations=1"],
@@ -199,13 +200,18 @@ def test_evolve_refuses_to_overwrite_a_run(tiny_config_file, reference_run):
 
 
 def _cli(*args, timeout=400):
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    return subprocess.run([sys.executable, "-m", "metarl.cli", *map(str, args)],
+    """``metarl --cpu-devices 1 ARGS``: on one device, as the tests here run in-process, the
+    command's programs are theirs and load from the persistent cache."""
+    env = env_without_device_count(**jax_cache_env(), PYTHONUNBUFFERED="1")
+    return subprocess.run([sys.executable, "-m", "metarl.cli", "--cpu-devices", "1",
+                           *map(str, args)],
                           capture_output=True, text=True, timeout=timeout, env=env)
 
 
 @pytest.mark.timeout(600)
 def test_cli_evolve_resume_and_errors(tiny_config_file, tmp_path):
+    """``metarl run`` writes a run directory with a progress bar, on the devices
+    ``--cpu-devices`` asks for; ``metarl resume --generations`` extends it."""
     run_dir = tmp_path / "cli"
     done = _cli("run", tiny_config_file, "--set", "es.generations=2", "--set",
                 "run.progress=true", "--run-dir", run_dir, "--no-plots")
@@ -213,6 +219,7 @@ def test_cli_evolve_resume_and_errors(tiny_config_file, tmp_path):
     assert "run directory" in done.stdout
     assert "2/2" in done.stderr  # the progress bar reached the last generation
     assert [line["generation"] for line in read_metrics(run_dir)] == [1, 2]
+    assert [line["devices"] for line in read_metrics(run_dir)] == [1, 1]
     assert json.loads((run_dir / "config.json").read_text())["es"]["generations"] == 2
 
     done = _cli("resume", run_dir, "--generations", 3, "--no-plots")
