@@ -92,9 +92,9 @@ def max_difference(first: str, other: str) -> float:
 
 
 def in_child(algorithm: str, level: int, population: int, repeats: int, outputs: str,
-             total_timesteps: int | None) -> dict:
+             total_timesteps: int | None, xla_flags: str = "") -> dict:
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    env.update(XLA_FLAGS=f"--xla_backend_optimization_level={level}",
+    env.update(XLA_FLAGS=f"--xla_backend_optimization_level={level} {xla_flags}".strip(),
                JAX_ENABLE_COMPILATION_CACHE="false", JAX_NUM_CPU_DEVICES="1",
                TF_CPP_MIN_LOG_LEVEL="3")
     child = subprocess.run(
@@ -122,6 +122,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--total-timesteps", type=int, default=None,
                         help="steps per agent for every learner (default: SETTINGS)")
+    parser.add_argument("--xla-flags", default="",
+                        help="more XLA_FLAGS for every child, after the level (default: none)")
     args = parser.parse_args()
     if not 0 <= min(args.levels) <= max(args.levels) <= 3:
         parser.error("--levels: XLA's backend optimisation levels are 0 to 3")
@@ -135,7 +137,7 @@ def main() -> None:
         for level, path in zip(args.levels, outputs, strict=True):
             rows.append({"level": level, **in_child(algorithm, level, args.population,
                                                     args.repeats, path,
-                                                    args.total_timesteps)})
+                                                    args.total_timesteps, args.xla_flags)})
             print(json.dumps({algorithm: rows[-1]}), file=sys.stderr, flush=True)
         first = rows[0]
         for row, path in zip(rows, outputs, strict=True):
@@ -157,6 +159,7 @@ def main() -> None:
         **cpu(),
         "jax": jax.__version__,
         "population": args.population,
+        "xla_flags": args.xla_flags,
         "settings": {name: settings_for(name, args.total_timesteps)
                      for name in args.algorithms},
         "results": results,

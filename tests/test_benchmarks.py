@@ -2,6 +2,7 @@
 
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -136,20 +137,37 @@ def test_vs_rejax_offpolicy_changes_metarl_fields_and_rejax_sampling_on_request(
     assert batch.shape == (1000,) and set(np.asarray(batch).tolist()) == {0, 1, 2, 3, 4}
 
 
+def _suite_level_and_flags() -> tuple[str, str]:
+    """The XLA backend optimisation level the suite compiles at (root conftest.py) and its
+    other XLA flags, less any CPU device count."""
+    flags = os.environ["XLA_FLAGS"].split()
+    level = next(flag.split("=", 1)[1] for flag in flags
+                 if flag.startswith("--xla_backend_optimization_level="))
+    others = [flag for flag in flags if not flag.startswith(
+        ("--xla_backend_optimization_level=", "--xla_force_host_platform_device_count"))]
+    return level, " ".join(others)
+
+
 def test_compile_time_benchmark_runs_each_level_in_its_own_process():
-    # PPO's smallest run (one update), twice at the suite's level: compiling XLA's default
-    # level as well would double this test's cost for no more coverage
+    """Every ``--levels`` entry compiles and runs in a child of its own, and the report
+    gives each one's times and ratios and compares its outputs with the first's: two
+    children at one level compile the same program and agree bit for bit."""
+    # PPO's smallest run (one update), twice at the suite's own XLA settings, which compile
+    # fastest: a second level would double this test's cost for no more coverage
+    level, flags = _suite_level_and_flags()
     command = [sys.executable, str(BENCHMARKS / "compile_time.py"), "--algorithms", "ppo",
-               "--levels", "1", "1", "--population", "1", "--repeats", "1",
-               "--total-timesteps", "512"]
+               "--levels", level, level, "--population", "1", "--repeats", "1",
+               "--total-timesteps", "512", f"--xla-flags={flags}"]
     out = subprocess.run(command, env=env_without_device_count(), capture_output=True,
                          text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     report = json.loads(out.stdout)
     assert report["settings"] == {"ppo": {"total_timesteps": 512}}
+    assert report["xla_flags"] == flags
     first, row = report["results"]["ppo"]
-    assert first["level"] == row["level"] == 1
+    assert first["level"] == row["level"] == int(level)
     assert row["compile_seconds"] > 0 and row["run_seconds"] > 0
+    assert row["compile_ratio_first_over_this"] > 0 and row["run_ratio_first_over_this"] > 0
     # the two children compiled and ran the same program: bit for bit the same outputs
     assert row["identical_to_first"] and row["max_difference_to_first"] == 0.0
 

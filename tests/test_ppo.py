@@ -7,8 +7,9 @@
   allowed.
 - Learning: CartPole-v1 with PureJaxRL's settings reaches ~500; Acrobot-v1, a MinAtar game
   and Pendulum-v1 clearly beat a random policy (and their own start) in short runs;
-  brax/hopper runs a few updates with finite metrics. Each training program is compiled
-  exactly once; the long CartPole run trains in a subprocess, alongside the rest.
+  brax/inverted_pendulum runs a few updates with finite metrics and terminations. Each
+  training program is compiled exactly once; the long CartPole run trains in a subprocess,
+  alongside the rest.
 
 Learning tests are marked ``slow`` (for selection with ``-m "not slow"``); they run by default.
 """
@@ -416,28 +417,32 @@ def test_pendulum_beats_random_policy():
         num_minibatches=32, update_epochs=10, learning_rate=3e-4, gamma=0.95, gae_lambda=0.9,
         ent_coef=0.0, normalize_obs=True, normalize_reward=True,
     )
-    metrics = train_seeds(config, 3)
-    check_metrics(metrics, config, 3, discrete=False)
+    metrics = train_seeds(config, 2)
+    check_metrics(metrics, config, 2, discrete=False)
     early, late = early_late(metrics["episode_return"])
     print(f"Pendulum-v1 early {early.round(1)} late {late.round(1)}")
-    # Measured: early about -1150 to -1270, late about -260 to -450.
+    # Measured over PRNGKey(0), (1) and (2), 2 seeds each: early -1143 to -1309, late -230
+    # to -459, each seed gaining at least 684.
     assert np.all(late > RANDOM_RETURN["Pendulum-v1"] + 500.0), (early, late)
     assert np.all(late > early + 400.0), (early, late)
 
 
 @pytest.mark.slow
 @SHORT
-def test_brax_hopper_trains_with_finite_metrics():
-    """A few tiny updates on brax/hopper with normalisation: everything finite, and the
-    random hopper falls over, so brax terminations reach the episode statistics.
+def test_brax_trains_with_finite_metrics_and_terminations():
+    """A few tiny updates on brax/inverted_pendulum with normalisation: everything finite,
+    and the random policy drops the pole long before the 1000-step time limit, so brax
+    terminations end episodes and reach the episode statistics, which count the raw
+    reward (1 per step) rather than the normalised one.
 
-    Brax's physics makes a large program; it is compiled at XLA's lowest backend
-    optimisation level, which cuts the compile time by about a third (the numbers it
-    computes are the same operations, only less optimised machine code)."""
+    Brax's physics makes a large program, and tracing it dominates; the inverted pendulum
+    (two bodies) is the cheapest brax system to trace. It is compiled at XLA's lowest
+    backend optimisation level, which cuts the compile time by about a third (the numbers
+    it computes are the same operations, only less optimised machine code)."""
     config = PPOConfig(
-        env_id="brax/hopper", num_envs=2, num_steps=32, total_timesteps=192, num_minibatches=2,
-        update_epochs=2, hidden_sizes=(16,), learning_rate=3e-4, normalize_obs=True,
-        normalize_reward=True,
+        env_id="brax/inverted_pendulum", num_envs=2, num_steps=32, total_timesteps=192,
+        num_minibatches=2, update_epochs=2, hidden_sizes=(16,), learning_rate=3e-4,
+        normalize_obs=True, normalize_reward=True,
     )
     metrics = train_seeds(
         config, 1, compiler_options={"xla_backend_optimization_level": 0,
@@ -445,18 +450,24 @@ def test_brax_hopper_trains_with_finite_metrics():
     )
     check_metrics(metrics, config, 1, discrete=False)
     assert metrics["episodes"].sum() >= 1
-    finished = metrics["episode_length"][np.isfinite(metrics["episode_length"])]
-    assert np.all((finished > 0) & (finished < 1000))
+    finished = np.isfinite(metrics["episode_length"])
+    assert np.all((metrics["episode_length"][finished] > 0)
+                  & (metrics["episode_length"][finished] < 1000))
+    np.testing.assert_allclose(metrics["episode_return"][finished],
+                               metrics["episode_length"][finished], rtol=1e-5)
     assert np.all(metrics["value_loss"] > 0)
 
 
 # -------------------------------------------------------------- CartPole, full length
 
 
-CARTPOLE_SEEDS = 8
+# Every one of 16 agents (PRNGKey(0) and PRNGKey(1), 8 each) ended at 500 and returned 500
+# over its last 5% of updates, so 4 agents meet the thresholds below with room (8 agents
+# cost 20 s more CPU).
+CARTPOLE_SEEDS = 4
 
 
-# The 8-agent run (4M agent-steps) is the longest piece of this module. It trains in a
+# The 4-agent run (2M agent-steps) is the longest piece of this module. It trains in a
 # subprocess started when the module starts, so it runs on the second core while the tests
 # above compile their programs (in one process, jax would run it and them one after another).
 CARTPOLE_WORKER = """
@@ -488,8 +499,8 @@ def start_cartpole_first(request):
 
 @pytest.fixture(scope="module")
 def cartpole_run(cartpole_process):
-    """PureJaxRL's CartPole-v1 settings (the defaults), 5e5 steps, 8 agents in one
-    ``jit(vmap(train))``: the config and its metrics ``[8, 976]``."""
+    """PureJaxRL's CartPole-v1 settings (the defaults), 5e5 steps, 4 agents in one
+    ``jit(vmap(train))``: the config and its metrics ``[4, 976]``."""
     process, folder = cartpole_process
     return PPOConfig(), learning_metrics(process, folder, CARTPOLE_TIMEOUT,
                                          "CartPole training")
