@@ -637,3 +637,30 @@ def test_metarl_runs_lists_every_state(reference_run, two_generations, tmp_path,
 def test_errors_are_run_errors():
     assert issubclass(CheckpointError, RunError) and issubclass(DiskFullError, RunError)
     assert not issubclass(RunStopped, RunError)
+
+
+def test_a_restored_state_is_placed_as_a_fresh_one(tmp_path):
+    """``jax.jit`` keys its programs on whether arguments are committed to a device: a
+    checkpoint read back into a fresh (uncommitted) template must come back uncommitted,
+    or a run resumed in the process that started it compiles its step again. Arrays the
+    template commits stay committed."""
+    fresh = {"weights": jnp.arange(6.0).reshape(2, 3), "step": jnp.asarray(4, jnp.int32)}
+    pinned = {"weights": jax.device_put(fresh["weights"], jax.devices()[0]),
+              "step": fresh["step"]}
+    assert not fresh["weights"].committed and pinned["weights"].committed
+    checkpointer = RunCheckpointer(tmp_path)
+    try:
+        checkpointer.save(1, fresh, {"history": []})
+        restored = checkpointer.restore_state(1, fresh)
+        again = checkpointer.restore_state(1, pinned)
+    finally:
+        checkpointer.close()
+    assert [leaf.committed for leaf in jax.tree.leaves(restored)] == [False, False]
+    assert [leaf.committed for leaf in jax.tree.leaves(again)] == [False, True]
+    for leaf, saved in zip(jax.tree.leaves(restored), jax.tree.leaves(fresh), strict=True):
+        np.testing.assert_array_equal(leaf, saved)
+        assert leaf.dtype == saved.dtype
+    step = jax.jit(lambda state: state["weights"] * state["step"])
+    step(fresh)
+    step(restored)
+    assert step._cache_size() == 1  # one program for both

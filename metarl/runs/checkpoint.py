@@ -57,6 +57,21 @@ class DamagedCheckpoint(Exception):
         self.step, self.reason = step, reason
 
 
+def _placed_like(restored: Any, template: Any) -> Any:
+    """``restored`` committed to a device only where ``template`` is.
+
+    Orbax places every restored array on its template's device and commits it there. A fresh
+    state is not committed (it lives on the default device), and ``jax.jit`` keys its
+    compiled programs on whether arguments are committed, so a run resumed in the process
+    that started it would compile its step a second time for the same computation.
+    """
+    if (isinstance(template, jax.Array) and not template.committed
+            and isinstance(restored, jax.Array) and restored.committed
+            and not jax.dtypes.issubdtype(restored.dtype, jax.dtypes.prng_key)):
+        return jax.device_put(np.asarray(restored))
+    return restored
+
+
 def _first_line(error: BaseException) -> str:
     text = str(error).strip().splitlines()
     message = text[0] if text else type(error).__name__
@@ -287,7 +302,7 @@ class RunCheckpointer:
         except Exception as error:
             raise DamagedCheckpoint(step, f"its arrays do not read back "
                                           f"({_first_line(error)})") from error
-        return state
+        return jax.tree.map(_placed_like, state, template_state)
 
     def restore(self, template_state: Any, generation: int | None = None
                 ) -> tuple[int, Any, dict[str, Any]]:
