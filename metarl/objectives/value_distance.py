@@ -24,12 +24,6 @@ With ``learn_scale=True`` the search also covers the loss's overall scale: a lea
 so without ``s`` evolution cannot rescale the value loss as a whole, which is what PPO's
 ``vf_coef`` does for a baseline (and what ``metarl evaluate --tune`` tunes for L2).
 
-With ``learn_scale=True`` the search also covers the loss's overall scale: a learned scalar
-``s`` (starting at 0, so the initial loss is unchanged) multiplies every form,
-``L_v = exp(s) mean_i d(v_i - t_i)``. ``g(0) = 0`` pins the weight of small errors to L2's,
-so without ``s`` evolution cannot rescale the value loss as a whole, which is what PPO's
-``vf_coef`` does for a baseline (and what ``metarl evaluate --tune`` tunes for L2).
-
 The objective fills only the value slot, so it fits every algorithm with a critic: PPO keeps
 its clipped surrogate, and off-policy critics regress their TD targets under ``d``.
 
