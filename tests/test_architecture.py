@@ -152,7 +152,8 @@ def test_importing_changes_no_jax_state_and_use_cpu_cores_exposes_every_core():
 LAYERS = (
     ("inner_loops",),
     ("metarl.figures",),
-    ("metarl", "metarl.config", "metarl.sharding", "metarl.distributed", "metarl.stats"),
+    ("metarl", "metarl.config", "metarl.sharding", "metarl.distributed", "metarl.stats",
+     "metarl.programs"),
     ("metarl.objectives",),
     ("metarl.runs",),
     ("metarl.evolve", "metarl.population", "metarl.sweep", "metarl.kinds"),

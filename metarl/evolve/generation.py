@@ -36,6 +36,7 @@ from metarl.evolve.fitness import (
     run_is_valid,
     run_return,
 )
+from metarl.programs import program_key, shared_program
 from metarl.sharding import population_mesh, put_replicated, replicate
 
 
@@ -184,7 +185,9 @@ class Evolution:
         for learner in self.learners:
             check_population_memory(learner, runs, config.run.chunk_size,
                                     1 if mesh is None else mesh.devices.size)
-        self.step = jax.jit(self.generation)
+        # one traced and compiled step for every Evolution of an equal config in a process
+        self.step = shared_program(program_key(config, "generation", mesh),
+                                   lambda: jax.jit(self.generation))
 
     @property
     def agent_steps_per_generation(self) -> int:

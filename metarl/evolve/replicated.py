@@ -63,6 +63,7 @@ from metarl.evolve.config import ExperimentConfig, config_from_dict
 from metarl.evolve.evaluate import evaluate_run, text_table
 from metarl.evolve.generation import Evolution, EvolutionState
 from metarl.evolve.kind import RUN_KIND, EvolveProgram, RunResult
+from metarl.programs import program_key, shared_program
 from metarl.runs import engine
 from metarl.runs.config_history import config_changes, format_changes
 from metarl.runs.evaluations import saved_evaluation
@@ -119,7 +120,8 @@ class ReplicatedEvolution:
         for learner in self.evolution.learners:  # the joint population, before allocating
             check_population_memory(learner, runs, cfg.run.chunk_size,
                                     1 if self.mesh is None else self.mesh.devices.size)
-        self.step = jax.jit(self.generation)
+        self.step = shared_program(program_key(cfg, "replicated", count, self.mesh),
+                                   lambda: jax.jit(self.generation))
         # one small program each, rather than one per leaf and seed
         self._stack = jax.jit(lambda states: jax.tree.map(lambda *leaves: jnp.stack(leaves),
                                                           *states))

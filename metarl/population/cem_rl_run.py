@@ -34,6 +34,7 @@ import numpy as np
 from metarl.config import ConfigError
 from metarl.population.cem_rl import CEMRLConfig, CEMRLState, generation_record, make_cem_rl
 from metarl.population.method_config import MethodExperimentConfig, method_config_from_dict
+from metarl.programs import program_key, shared_program
 from metarl.runs import engine
 from metarl.runs.engine import RunKind, SteppedRun, finite_stat
 from metarl.runs.evaluations import digest, saved_evaluation
@@ -54,17 +55,22 @@ class CEMRLProgram:
     def __init__(self, config: MethodExperimentConfig, mesh=None):
         del mesh  # one shared critic and buffer: the population trains on one device
         self.config = config
-        try:
-            self.run = make_cem_rl(config.method)
-        except ValueError as error:
-            raise ConfigError(str(error).removeprefix("cem_rl.")) from None
+
+        def build():
+            try:
+                run = make_cem_rl(config.method)
+            except ValueError as error:
+                raise ConfigError(str(error).removeprefix("cem_rl.")) from None
+            return run, run.jit_generation(), jax.jit(run.init)
+
+        # traced and compiled once for every program of an equal config in a process
+        self.run, self.generation, self._init = shared_program(program_key(config, KIND), build)
         self.steps = config.method.generations
         self.hypers = self.run.hyperparams()
-        self.generation = self.run.jit_generation()
         self.agent_steps_per_step = self.run.steps_per_generation
 
     def init(self) -> CEMRLState:
-        return jax.jit(self.run.init)(jax.random.PRNGKey(self.config.run.seed))
+        return self._init(jax.random.PRNGKey(self.config.run.seed))
 
     @staticmethod
     def completed(state: CEMRLState) -> int:

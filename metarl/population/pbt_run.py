@@ -57,6 +57,7 @@ from metarl.population.pbt import (
     segment_record,
 )
 from metarl.population.priors import Prior, hyperparameter_fields
+from metarl.programs import program_key, shared_program
 from metarl.runs import engine
 from metarl.runs.engine import RunKind, SteppedRun, finite_stat
 from metarl.runs.evaluations import digest, saved_evaluation
@@ -190,18 +191,27 @@ class PBTProgram:
         from metarl.sharding import population_mesh
 
         self.config = config
-        try:
-            self.learner = make_learner(config.inner)
-        except ValueError as error:
-            raise ConfigError(f"inner.{error}" if ":" in str(error) else
-                              f"inner: {error}") from None
         if mesh is None and config.run.shard:
             mesh = population_mesh()
         if mesh is not None and mesh.devices.size == 1:
             mesh = None  # one device: exactly the unsharded program
         self.mesh = mesh
+
+        def build():
+            try:
+                learner = make_learner(config.inner)
+            except ValueError as error:
+                raise ConfigError(f"inner.{error}" if ":" in str(error) else
+                                  f"inner: {error}") from None
+            pbt, chunk_size = config.pbt, config.run.chunk_size
+            return (learner, make_segment(learner, pbt, chunk_size, mesh),
+                    jax.jit(lambda key: initial_population(learner, pbt, key, chunk_size,
+                                                           mesh)))
+
+        # traced and compiled once for every program of an equal config in a process
+        self.learner, self.segment, self._initial_population = shared_program(
+            program_key(config, KIND, mesh), build)
         self.segments = self.steps = config.num_segments
-        self.segment = make_segment(self.learner, config.pbt, config.run.chunk_size, mesh)
         self.steps_per_segment = self.agent_steps_per_step = (
             config.pbt.population_size * config.pbt.segment_updates
             * self.learner.steps_per_update)
@@ -210,8 +220,7 @@ class PBTProgram:
         """The run's state before its first segment: ``states``, ``hypers``, ``key`` (the
         key the segments' keys are split from) and ``segment`` (segments completed)."""
         init_key, key = jax.random.split(jax.random.PRNGKey(self.config.run.seed))
-        states, hypers = initial_population(self.learner, self.config.pbt, init_key,
-                                            self.config.run.chunk_size, self.mesh)
+        states, hypers = self._initial_population(init_key)
         state = {"states": states, "hypers": hypers, "key": key,
                  "segment": jnp.zeros((), jnp.int32)}
         if self.mesh is not None:  # where every segment leaves them (one compilation)

@@ -1,0 +1,82 @@
+"""Programs shared by equal configs within a process (:mod:`metarl.programs`)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from _tiny_evolution import TINY
+
+from metarl import programs
+from metarl.evolve.generation import Evolution
+from metarl.kinds import load_experiment
+
+
+@pytest.fixture
+def tiny(tmp_path):
+    path = tmp_path / "tiny.toml"
+    path.write_text(TINY)
+    return load_experiment(path)
+
+
+def _with_run(config, **changes):
+    return config.replace(run=dataclasses.replace(config.run, **changes))
+
+
+def test_a_config_differing_only_in_name_and_io_settings_shares_the_step(tiny):
+    """Building nothing is the point: equal programs are one jitted function, so they
+    are traced, lowered and compiled once per process."""
+    step = Evolution(tiny).step
+    again = tiny.replace(name="other")
+    again = _with_run(again, output_dir="elsewhere", progress=True, checkpoint_every=3,
+                      keep_checkpoints=7, max_invalid_generations=0)
+    assert Evolution(again).step is step
+
+
+@pytest.mark.parametrize("change", ["sigma", "seeds", "chunk_size"])
+def test_anything_that_enters_the_program_gets_its_own(tiny, change):
+    if change == "sigma":
+        other = tiny.replace(es=dataclasses.replace(tiny.es, sigma=tiny.es.sigma * 2))
+    elif change == "seeds":
+        other = tiny.replace(fitness=dataclasses.replace(tiny.fitness, seeds_per_candidate=3))
+    else:
+        other = _with_run(tiny, chunk_size=1)
+    assert Evolution(other).step is not Evolution(tiny).step
+
+
+def test_the_latest_programs_are_kept(monkeypatch):
+    monkeypatch.setattr(programs, "_PROGRAMS", type(programs._PROGRAMS)())
+    monkeypatch.setattr(programs, "KEPT", 2)
+    built = []
+
+    def build(name):
+        built.append(name)
+        return name
+
+    for name in ("a", "b", "a", "c", "a", "b"):
+        assert programs.shared_program((name,), lambda name=name: build(name)) == name
+    # "a" was used again before "c" came, so "b" was dropped first and is built again
+    assert built == ["a", "b", "c", "b"]
+
+
+def test_a_failing_build_keeps_nothing(monkeypatch):
+    monkeypatch.setattr(programs, "_PROGRAMS", type(programs._PROGRAMS)())
+
+    def fail():
+        raise ValueError("bad config")
+
+    with pytest.raises(ValueError, match="bad config"):
+        programs.shared_program(("x",), fail)
+    assert programs.shared_program(("x",), lambda: 3) == 3
+
+
+def test_a_run_resumed_where_it_started_compiles_no_new_step(tiny, tmp_path, compilations):
+    from metarl.kinds import resume, start
+
+    config = tiny.replace(es=dataclasses.replace(tiny.es, generations=1))
+    start(config, tmp_path / "run")
+    before = [name for _, name, _ in compilations.events]
+    resume(tmp_path / "run", 2)
+    new = [name for _, name, _ in compilations.events][len(before):]
+    assert not [name for name in new if "generation" in name], new
+    assert Evolution(config).step._cache_size() == 1
