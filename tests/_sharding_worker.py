@@ -1,13 +1,18 @@
 """Subprocess of ``tests/test_sharding.py``: sharded vs single-device runs on fake CPU devices.
 
-JAX fixes the device count when it starts, so the test runs this script in a fresh process
+JAX fixes the device count when it starts, so the test runs this script in fresh processes
 with ``XLA_FLAGS=--xla_force_host_platform_device_count=N`` and reads one JSON object from
-its stdout. The single-device references are computed here too (``mesh=None``: device 0
-only), under the same XLA flags, so the two sides differ only in sharding.
+each one's stdout. The single-device references are computed here too (``mesh=None``:
+device 0 only), under the same XLA flags, so the two sides differ only in sharding.
 
 Usage: ``python tests/_sharding_worker.py [PART ...] [--chunked]`` with parts ``plain``,
-``structure``, ``generation`` (the unsharded reference), ``generation_sharded`` and
-``dqn``; all but ``dqn`` by default.
+``structure``, ``generation`` (the unsharded reference), ``generation_sharded``, ``dqn``,
+``td3`` and ``sac``; all of them by default. One process runs several parts because
+starting one costs several CPU-seconds (importing jax, metarl and, in the first part that
+makes a learner, gymnax) before it computes anything. Each part's result is under its own
+name in the output, and ``cpu_seconds`` says what each part cost (``start``: the imports
+before the first), to split the parts evenly between the test's processes
+(``PROCESSES`` in the test).
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ from inner_loops import make_learner, population
 from inner_loops.dqn import DQNConfig
 from inner_loops.population import broadcast_to_population, stack_hyperparams
 from inner_loops.ppo import PPOConfig, make_train
+from inner_loops.sac import SACConfig
+from inner_loops.td3 import TD3Config
 from metarl import sharding
 from metarl.config import RunConfig
 from metarl.evolve.config import ESConfig, ExperimentConfig, FitnessConfig
@@ -213,25 +220,57 @@ def run_generations(shard: bool) -> dict:
     }
 
 
-def generation_reference() -> dict:
-    return {"reference": run_generations(False)}
+CONTINUOUS_AGENTS = 6  # not a multiple of 4 devices: exercises padding
+CONTINUOUS = {
+    "td3": TD3Config(num_envs=2, train_frequency=2, gradient_steps=4, policy_delay=2,
+                     total_timesteps=64, buffer_size=32, batch_size=8, learning_starts=16,
+                     actor_hidden_sizes=(8,), critic_hidden_sizes=(8,)),
+    "sac": SACConfig(num_envs=2, train_frequency=2, gradient_steps=2, total_timesteps=64,
+                     buffer_size=32, batch_size=8, learning_starts=16,
+                     actor_hidden_sizes=(8,), critic_hidden_sizes=(8,)),
+}
 
 
-def generation_sharded() -> dict:
-    return {"sharded": run_generations(True)}
+def continuous(algorithm: str) -> dict:
+    """6 TD3 or SAC agents (padded to 8 on 4 devices), trained in one vmap by
+    :func:`inner_loops.population.train_population` on device 0 (``reference``) and by
+    :func:`metarl.sharding.train_population` over the mesh (``sharded``): their metrics,
+    and how the sharded metrics are laid out."""
+    learner = make_learner(CONTINUOUS[algorithm])
+    keys = jax.random.split(jax.random.PRNGKey(3), CONTINUOUS_AGENTS)
+    hypers = broadcast_to_population(learner.default_hypers, CONTINUOUS_AGENTS)
+    mesh = sharding.population_mesh()
+    reference = jax.jit(lambda k, h: population.train_population(
+        learner.train, k, None, h, chunk_size=CONTINUOUS_AGENTS))
+    sharded = jax.jit(lambda k, h: sharding.train_population(
+        learner.train, k, None, h, CONTINUOUS_AGENTS, mesh))
+    sharded_metrics = sharded(keys, hypers)
+    return {"reference": listed(reference(keys, hypers)),
+            "sharded": listed(sharded_metrics),
+            "sharding": str(sharded_metrics["episode_return"].sharding)}
+
+
+TASKS = {
+    "plain": plain,
+    "structure": structure,
+    "generation": lambda: run_generations(False),
+    "generation_sharded": lambda: run_generations(True),
+    "dqn": dqn,
+    "td3": lambda: continuous("td3"),
+    "sac": lambda: continuous("sac"),
+}
 
 
 def main(parts: list[str]) -> None:
     # A hang prints every thread's stack and exits, so the test fails with a reason.
     faulthandler.dump_traceback_later(float(os.environ.get("WORKER_WATCHDOG", "250")),
                                       exit=True)
-    out = {"devices": jax.device_count(), "platform": jax.devices()[0].platform}
-    tasks = {"plain": plain, "structure": structure, "generation": generation_reference,
-             "generation_sharded": generation_sharded, "dqn": dqn}
-    default = [name for name in tasks if name != "dqn"]
-    for part in [p for p in parts if not p.startswith("--")] or default:
-        name = "generation" if part.startswith("generation") else part
-        out.setdefault(name, {}).update(tasks[part]())
+    out = {"devices": jax.device_count(), "platform": jax.devices()[0].platform,
+           "cpu_seconds": {"start": time.process_time()}}
+    for part in [p for p in parts if not p.startswith("--")] or list(TASKS):
+        started = time.process_time()
+        out[part] = TASKS[part]()
+        out["cpu_seconds"][part] = time.process_time() - started
     print(json.dumps(out))
 
 

@@ -2,10 +2,13 @@
 
 The device count is fixed when JAX starts, so the multi-device checks run
 ``tests/_sharding_worker.py`` in fresh processes with four fake CPU devices and compare the
-sharded results with single-device runs made in the same process. Both workers start at
-once (module fixture) so their compilations overlap. They compile at XLA's lowest backend
-optimisation level (the same for both sides of every comparison) to keep the suite fast;
-sharding does not depend on it.
+sharded results with single-device runs made in the same process: PPO populations (whole
+and in segments), the traced per-device structure, evolution generations, DQN populations
+with their states, and TD3 and SAC populations. Starting a process costs several
+CPU-seconds (importing jax, gymnax and metarl), so all of these run in two processes only,
+of about equal work, both started when the module starts so that their compilations overlap.
+They compile at XLA's lowest backend optimisation level (the same for both sides of every
+comparison) to keep the suite fast; sharding does not depend on it.
 
 The in-process tests here run on this process's single device and compile nothing.
 """
@@ -27,6 +30,8 @@ from _subprocess_env import env_without_device_count, start_worker, stop_workers
 
 from inner_loops.population import CPU_CHUNK_SIZE
 from inner_loops.ppo import PPOConfig
+from inner_loops.sac import SACConfig
+from inner_loops.td3 import TD3Config
 from metarl import sharding
 from metarl.config import ConfigError, RunConfig
 from metarl.evolve.config import ExperimentConfig, config_from_dict
@@ -34,50 +39,98 @@ from metarl.evolve.generation import Evolution
 
 WORKER = Path(__file__).with_name("_sharding_worker.py")
 DEVICES = 4
-TIMEOUT = 280  # seconds for both workers; a hang fails the test instead of freezing the suite
+# The parts of the worker each process runs, split so that the two take about the same CPU
+# time: measured with a cold compilation cache, plain 34 CPU-seconds (with the process's
+# lazy imports, 2.5 s), generation 11, td3 18 | generation_sharded 18 (with the imports),
+# structure 2, dqn 25, sac 21; about 65 per process. The two sides of the generation
+# comparison run in different processes, so their two large compilations overlap.
+PROCESSES = {
+    "a": ["plain", "generation", "td3"],
+    "b": ["generation_sharded", "structure", "dqn", "sac"],
+}
+# Seconds from the start for both processes: a hang fails the tests instead of freezing the
+# suite, and the tests' own timeouts (600 s) leave room for it. The worker's watchdog fires
+# first, printing every thread's stack to its stderr, whose tail the failure shows.
+TIMEOUT = 480
+WATCHDOG = TIMEOUT - 30
 TINY = PPOConfig(num_envs=2, num_steps=8, total_timesteps=64, hidden_sizes=(8,),
                  update_epochs=1, num_minibatches=1)
+# The TD3 and SAC configs of the worker (``CONTINUOUS`` there): 16 updates each.
+CONTINUOUS = {
+    "td3": TD3Config(num_envs=2, train_frequency=2, gradient_steps=4, policy_delay=2,
+                     total_timesteps=64, buffer_size=32, batch_size=8, learning_starts=16,
+                     actor_hidden_sizes=(8,), critic_hidden_sizes=(8,)),
+    "sac": SACConfig(num_envs=2, train_frequency=2, gradient_steps=2, total_timesteps=64,
+                     buffer_size=32, batch_size=8, learning_starts=16,
+                     actor_hidden_sizes=(8,), critic_hidden_sizes=(8,)),
+}
 
 
 def worker_env(devices: int) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("METARL_")}
+    # Not the suite's --xla_cpu_use_fusion_emitters=false: it would compile faster, but
+    # its sharded programs round differently from the single-device ones in the last bits
+    # (measured: PPO, DQN, TD3 and SAC), and the comparisons here are exact.
     env["XLA_FLAGS"] = (f"--xla_force_host_platform_device_count={devices} "
                         "--xla_backend_optimization_level=0")
     env["JAX_PLATFORMS"] = "cpu"
+    env["WORKER_WATCHDOG"] = str(WATCHDOG)
     return env
 
 
-def start(parts: list[str], logs: Path, name: str) -> subprocess.Popen:
-    return start_worker(WORKER, parts, worker_env(DEVICES), logs, name)
+class Workers:
+    """The worker processes of :data:`PROCESSES`, all started at once.
 
+    :meth:`result` waits only for the process that runs the part asked for, so a test
+    needs only its own process to finish, and a failed or hung process fails only the
+    tests whose parts it runs (each with the tail of its stderr).
+    """
 
-@pytest.fixture(scope="module")
-def worker(tmp_path_factory):
-    """Results of both worker processes (started together, read when first needed)."""
-    logs = tmp_path_factory.mktemp("sharding")
-    # two processes of about equal work: 2 small + 1 large compilations vs 1 large
-    processes = {"a": start(["plain", "generation"], logs, "a"),
-                 "b": start(["generation_sharded", "structure"], logs, "b")}
-    deadline = time.monotonic() + TIMEOUT
-    results = {}
-    try:
-        for name, process in processes.items():
+    def __init__(self, logs: Path):
+        self.logs = logs
+        self.deadline = time.monotonic() + TIMEOUT
+        self.processes = {name: start_worker(WORKER, parts, worker_env(DEVICES), logs, name)
+                          for name, parts in PROCESSES.items()}
+        self.outputs: dict[str, dict] = {}
+
+    def output(self, name: str) -> dict:
+        """Everything process ``name`` printed (waiting for it the first time)."""
+        if name not in self.outputs:
+            process = self.processes[name]
             try:
-                process.wait(timeout=max(1.0, deadline - time.monotonic()))
+                process.wait(timeout=max(1.0, self.deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
             if process.returncode != 0:
-                pytest.fail(f"sharding worker ({name}) failed ({process.returncode}); stderr "
-                            f"tail:\n{(logs / f'{name}.err').read_text()[-3000:]}")
-            output = json.loads((logs / f"{name}.out").read_text().splitlines()[-1])
-            # each process ran one side of the generation comparison
-            results.setdefault("generation", {}).update(output.pop("generation", {}))
-            results.update(output)
-    finally:
-        stop_workers(processes)
-    assert results["devices"] == DEVICES and results["platform"] == "cpu"
-    return results
+                pytest.fail(f"sharding worker ({name}: {', '.join(PROCESSES[name])}) failed "
+                            f"({process.returncode}); stderr tail:\n"
+                            f"{(self.logs / f'{name}.err').read_text()[-3000:]}")
+            output = json.loads((self.logs / f"{name}.out").read_text().splitlines()[-1])
+            assert output["devices"] == DEVICES and output["platform"] == "cpu"
+            self.outputs[name] = output
+        return self.outputs[name]
+
+    def result(self, part: str) -> dict:
+        [name] = [name for name, parts in PROCESSES.items() if part in parts]
+        return self.output(name)[part]
+
+
+@pytest.fixture(scope="module")
+def workers(tmp_path_factory):
+    """Both worker processes, started together; killed (if still running) at the end."""
+    processes = Workers(tmp_path_factory.mktemp("sharding"))
+    yield processes
+    stop_workers(processes.processes)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def start_workers_first(request):
+    """Start both workers when the module starts if any selected test of it needs them
+    (whichever test comes first, and whichever process its part is in)."""
+    if any(item.module is request.module and "workers" in item.fixturenames
+           for item in request.session.items):
+        request.getfixturevalue("workers")
 
 
 def assert_same_metrics(reference: dict, other: dict, exact: bool) -> None:
@@ -92,8 +145,8 @@ def assert_same_metrics(reference: dict, other: dict, exact: bool) -> None:
 
 
 @pytest.mark.timeout(600)
-def test_sharded_population_equals_single_device(worker):
-    results = worker["plain"]["results"]
+def test_sharded_population_equals_single_device(workers):
+    results = workers.result("plain")["results"]
     reference = results["reference"]["metrics"]
     # 6 agents on 4 devices: padded to 8, the 2 copies dropped; bit-identical per agent.
     assert_same_metrics(reference, results["sharded"]["metrics"], exact=True)
@@ -107,8 +160,8 @@ def test_sharded_population_equals_single_device(worker):
 
 
 @pytest.mark.timeout(600)
-def test_each_device_trains_its_share_in_chunks(worker):
-    structure = worker["structure"]
+def test_each_device_trains_its_share_in_chunks(workers):
+    structure = workers.result("structure")
     assert structure["local_agents"] == 64 // DEVICES
     assert structure["scan_lengths"] == [16 // 4]  # 4 chunks, one after another
     assert structure["chunk_batch"] == [4]  # of 4 agents each
@@ -116,8 +169,8 @@ def test_each_device_trains_its_share_in_chunks(worker):
 
 
 @pytest.mark.timeout(600)
-def test_sharded_generation_equals_single_device_and_compiles_once(worker):
-    reference, sharded = worker["generation"]["reference"], worker["generation"]["sharded"]
+def test_sharded_generation_equals_single_device_and_compiles_once(workers):
+    reference, sharded = workers.result("generation"), workers.result("generation_sharded")
     assert reference["mesh_devices"] == 1 and sharded["mesh_devices"] == DEVICES
     np.testing.assert_allclose(sharded["fitness"], reference["fitness"], rtol=1e-6, atol=1e-6)
     np.testing.assert_allclose(sharded["mean"], reference["mean"], rtol=1e-5, atol=1e-6)
@@ -127,38 +180,17 @@ def test_sharded_generation_equals_single_device_and_compiles_once(worker):
     assert "spec=P()" in sharded["sharding"]
 
 
-@pytest.fixture(scope="module")
-def dqn_worker(tmp_path_factory):
-    """The ``dqn`` part of the worker, in its own process (started when first needed)."""
-    logs = tmp_path_factory.mktemp("sharding_dqn")
-    processes = {"dqn": start(["dqn"], logs, "dqn")}
-    try:
-        process = processes["dqn"]
-        try:
-            process.wait(timeout=TIMEOUT)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-        if process.returncode != 0:
-            pytest.fail(f"DQN sharding worker failed ({process.returncode}); stderr tail:\n"
-                        f"{(logs / 'dqn.err').read_text()[-3000:]}")
-        output = json.loads((logs / "dqn.out").read_text().splitlines()[-1])
-    finally:
-        stop_workers(processes)
-    assert output["devices"] == DEVICES and output["platform"] == "cpu"
-    return output["dqn"]
-
-
 @pytest.mark.timeout(600)
-def test_sharded_dqn_population_equals_single_device(dqn_worker):
+def test_sharded_dqn_population_equals_single_device(workers):
     """6 DQN agents with their own hyperparameters, sharded over 4 devices (padded to 8),
     equal the same agents on one device bit for bit: the metrics of ``train_population``
     (what evolution runs), and the metrics and final states (replay buffers, optimiser,
     target networks, environments, keys) of a sharded ``init`` and two ``advance``
     segments (what PBT runs)."""
-    results = dqn_worker["results"]
+    dqn = workers.result("dqn")
+    results = dqn["results"]
     reference = results["reference"]
-    num_updates = dqn_worker["num_updates"]
+    num_updates = dqn["num_updates"]
     for run in ("sharded", "sharded_segments"):
         metrics = results[run]["metrics"]
         assert metrics.keys() == reference["metrics"].keys()
@@ -176,6 +208,21 @@ def test_sharded_dqn_population_equals_single_device(dqn_worker):
     td_loss = np.asarray(reference["metrics"]["td_loss"])
     assert np.all(td_loss[:, -1] > 0)
     assert len({tuple(row) for row in td_loss.tolist()}) == 6
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("algorithm", ["td3", "sac"])
+def test_sharded_td3_sac_population_equals_single_device(workers, algorithm):
+    """6 TD3 or SAC agents sharded over 4 devices (padded to 8) train bit for bit as the
+    same agents in one vmap on one device (every metric of ``train_population``)."""
+    result = workers.result(algorithm)
+    reference, sharded = result["reference"], result["sharded"]
+    assert reference.keys() == sharded.keys()
+    for name in reference:
+        a, b = np.asarray(reference[name]), np.asarray(sharded[name])
+        assert a.shape == (6, CONTINUOUS[algorithm].num_updates), name
+        np.testing.assert_array_equal(a, b, err_msg=name)
+    assert "'population': 4" in result["sharding"]
 
 
 def test_one_device_mesh_takes_the_unsharded_path(monkeypatch):

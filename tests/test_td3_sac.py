@@ -13,8 +13,8 @@ share, :mod:`inner_loops.continuous_control`).
   action scaling, the delayed actor steps.
 - The contract: a vmapped population with per-member hyperparameters equals its members
   trained one by one in segments; chunked equals unchunked; a population checkpointed mid-
-  training with orbax and resumed equals the uninterrupted run; sharded over 4 simulated
-  devices equals one device (in a subprocess).
+  training with orbax and resumed equals the uninterrupted run. (Sharded over 4 simulated
+  devices equals one device: ``tests/test_sharding.py``, in its worker processes.)
 - Mixed precision: with ``precision = "bfloat16"`` tiny agents train with finite metrics
   and float32 parameters, and the actor's outputs and both critics' Q-values are within
   1 % of float32's on the same parameters.
@@ -24,10 +24,6 @@ share, :mod:`inner_loops.continuous_control`).
 from __future__ import annotations
 
 import functools
-import json
-import os
-import subprocess
-import time
 from pathlib import Path
 
 import jax
@@ -37,7 +33,6 @@ import orbax.checkpoint as ocp
 import pytest
 from _learning import learning_metrics, start_first, start_learning_run, stop_learning_run
 from _precision import assert_close_to_float32, assert_learned_in_float32, train_briefly
-from _subprocess_env import start_worker, stop_workers
 
 from inner_loops import make_learner, stack_hyperparams, train_population
 from inner_loops import sac as sac_module
@@ -505,50 +500,6 @@ def test_bfloat16_outputs_are_close_to_float32s(bfloat16_trained):
     assert leaves[-1].shape == (2, config.buffer_size)  # both critics
     for low, full in zip(jax.tree.leaves(outputs["bfloat16"]), leaves, strict=True):
         assert_close_to_float32(low, full)
-
-
-# ---------------------------------------------------------------- sharded (subprocess)
-
-SHARDING_WORKER = Path(__file__).with_name("_sharding_worker_td3_sac.py")
-SHARDING_TIMEOUT = 280
-
-
-@pytest.fixture(scope="module")
-def sharding_results(tmp_path_factory):
-    logs = tmp_path_factory.mktemp("td3_sac_sharding")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("METARL_")}
-    env["XLA_FLAGS"] = ("--xla_force_host_platform_device_count=4 "
-                        "--xla_backend_optimization_level=0")
-    env["JAX_PLATFORMS"] = "cpu"
-    processes = {"worker": start_worker(SHARDING_WORKER, [], env, logs, "worker")}
-    try:
-        process = processes["worker"]
-        deadline = time.monotonic() + SHARDING_TIMEOUT
-        try:
-            process.wait(timeout=max(1.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-        if process.returncode != 0:
-            pytest.fail(f"sharding worker failed ({process.returncode}); stderr tail:\n"
-                        f"{(logs / 'worker.err').read_text()[-3000:]}")
-        return json.loads((logs / "worker.out").read_text().splitlines()[-1])
-    finally:
-        stop_workers(processes)
-
-
-@pytest.mark.timeout(SHARDING_TIMEOUT + 60)
-@pytest.mark.parametrize("algorithm", ["td3", "sac"])
-def test_sharded_population_equals_one_device(sharding_results, algorithm):
-    assert sharding_results["devices"] == 4
-    result = sharding_results[algorithm]
-    reference, sharded = result["reference"], result["sharded"]
-    assert reference.keys() == sharded.keys()
-    for name in reference:
-        a, b = np.asarray(reference[name]), np.asarray(sharded[name])
-        assert a.shape == (6, TINY[algorithm].num_updates), name
-        np.testing.assert_array_equal(a, b, err_msg=name)
-    assert "'population': 4" in result["sharding"]
 
 
 # ------------------------------------------------------------------- learned losses
