@@ -26,12 +26,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _sharding_worker import CONTINUOUS, TINY  # the worker's configs, what it trains
 from _subprocess_env import env_without_device_count, start_worker, stop_workers
 
 from inner_loops.population import CPU_CHUNK_SIZE
-from inner_loops.ppo import PPOConfig
-from inner_loops.sac import SACConfig
-from inner_loops.td3 import TD3Config
 from metarl import sharding
 from metarl.config import ConfigError, RunConfig
 from metarl.evolve.config import ExperimentConfig, config_from_dict
@@ -53,17 +51,6 @@ PROCESSES = {
 # first, printing every thread's stack to its stderr, whose tail the failure shows.
 TIMEOUT = 480
 WATCHDOG = TIMEOUT - 30
-TINY = PPOConfig(num_envs=2, num_steps=8, total_timesteps=64, hidden_sizes=(8,),
-                 update_epochs=1, num_minibatches=1)
-# The TD3 and SAC configs of the worker (``CONTINUOUS`` there): 16 updates each.
-CONTINUOUS = {
-    "td3": TD3Config(num_envs=2, train_frequency=2, gradient_steps=4, policy_delay=2,
-                     total_timesteps=64, buffer_size=32, batch_size=8, learning_starts=16,
-                     actor_hidden_sizes=(8,), critic_hidden_sizes=(8,)),
-    "sac": SACConfig(num_envs=2, train_frequency=2, gradient_steps=2, total_timesteps=64,
-                     buffer_size=32, batch_size=8, learning_starts=16,
-                     actor_hidden_sizes=(8,), critic_hidden_sizes=(8,)),
-}
 
 
 def worker_env(devices: int) -> dict[str, str]:
