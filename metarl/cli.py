@@ -82,15 +82,16 @@ EVOLVE_ONLY_OPTIONS = (  # (flag, keyword of evaluate_run, default on the comman
 
 
 def _evaluate(args) -> int:
-    from metarl.kinds import EVOLVE, evaluate, format_evaluation, run_kind
+    from metarl.kinds import EVOLVE, evaluate, evaluate_together, format_evaluation, run_kind
 
-    kind = run_kind(args.run_dir)
     options = {"eval_seed": args.eval_seed, "rerun": args.rerun}
     given = {flag: (name, getattr(args, name)) for flag, name, default in EVOLVE_ONLY_OPTIONS
              if getattr(args, name) != default}
-    if kind != EVOLVE and given:
+    kinds = {run_kind(run_dir) for run_dir in args.run_dirs}
+    if given and kinds != {EVOLVE}:
         from metarl.config import ConfigError
 
+        kind = sorted(kinds - {EVOLVE})[0]
         raise ConfigError(f"{', '.join(given)}: only for evolution runs; a {kind} run is "
                           "evaluated on its final population (--eval-seed, --rerun)")
     options.update(given.values())
@@ -110,15 +111,21 @@ def _evaluate(args) -> int:
 
         axis = parse_grid(options["across"], "--across")
         options["across"] = {axis.name: list(axis.values)}
-    report = evaluate(args.run_dir, **options)
-    print(format_evaluation(args.run_dir, report))
-    if report.get("reused"):
-        print(f"reusing {report['path']}: the same evaluation was made before; pass --rerun "
-              "to compute it again and replace it")
-    elif report.get("replaced"):
-        print(f"replaced {report['path']} with this new evaluation (--rerun)")
+    if len(args.run_dirs) == 1:
+        reports = [evaluate(args.run_dirs[0], **options)]
     else:
-        print(f"saved {report['path']}")
+        reports = evaluate_together(args.run_dirs, **options)
+    for run_dir, report in zip(args.run_dirs, reports, strict=True):
+        if len(args.run_dirs) > 1:
+            print(f"== {run_dir}")
+        print(format_evaluation(run_dir, report))
+        if report.get("reused"):
+            print(f"reusing {report['path']}: the same evaluation was made before; pass "
+                  "--rerun to compute it again and replace it")
+        elif report.get("replaced"):
+            print(f"replaced {report['path']} with this new evaluation (--rerun)")
+        else:
+            print(f"saved {report['path']}")
     return 0
 
 
@@ -266,7 +273,10 @@ def _add_reading_commands(commands) -> None:
                          "parent of evolution seeds: every seed, and one verdict across them; "
                          "a pbt, cem_rl or dvd run: evaluate its final population)"
     )
-    evaluate.add_argument("run_dir")
+    evaluate.add_argument("run_dirs", nargs="+", metavar="RUN_DIR",
+                          help="a run directory; several evolution runs (seeds started "
+                               "apart, variants of one experiment) are evaluated with the "
+                               "same options and their baselines trained once")
     evaluate.add_argument("--env", dest="env_ids", action="append", default=[],
                           help="environment id (repeatable; default: the run's)")
     evaluate.add_argument("--seeds", type=int, default=16, help="held-out seeds (default 16)")

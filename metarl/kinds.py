@@ -13,13 +13,14 @@ evolution experiments (``"evolve"``). A run directory's kind is the ``kind`` of 
 Each kind describes itself with a :class:`~metarl.runs.engine.RunKind` (its module's
 ``RUN_KIND``), and all run on :mod:`metarl.runs.engine`. From Python::
 
-    from metarl.kinds import evaluate, load_experiment, plot, resume, start
+    from metarl.kinds import evaluate, evaluate_together, load_experiment, plot, resume, start
 
     result = start(load_experiment("experiments/value_distance_cartpole.toml"))
     resume(result.run_dir, generations=20)      # evolution runs may extend their budget
     report = evaluate(result.run_dir, seeds=8)  # options as the kind's evaluate takes them
     tuned = evaluate(result.run_dir, tune=True)  # baselines tuned first (evolution runs)
     robust = evaluate(result.run_dir, across={"learning_rate": [1e-4, 3e-4, 1e-3]})
+    both = evaluate_together([result.run_dir, other_run], tune=True)  # baselines trained once
     plot(result.run_dir)
 
 An evolution experiment with ``[es] evolution_seeds = N > 1`` starts ``N`` evolutions as one
@@ -165,6 +166,40 @@ def evaluate(run_dir: str | Path, **options) -> dict[str, Any]:
     one verdict across them saved in the parent
     (:func:`metarl.evolve.replicated.evaluate_replicated`)."""
     spec = kind_spec(run_kind(run_dir))
+    _check_evaluation_options(spec, options)
+    if is_parent(run_dir):
+        from metarl.evolve.replicated import evaluate_replicated
+
+        return evaluate_replicated(run_dir, **options)
+    return spec.evaluate(run_dir, **options)
+
+
+def evaluate_together(run_dirs: list[str | Path], **options) -> list[dict[str, Any]]:
+    """Evaluate several evolution runs with the same ``options`` (as :func:`evaluate`
+    takes them), each saved in its own ``evaluations/``, training every baseline once
+    (:func:`metarl.evolve.evaluate.evaluate_runs`): evolution seeds started apart, or
+    variants of one experiment such as LPO and TA-LPO. Every directory must be an
+    evolution run; a parent of replicated evolutions is evaluated on its own
+    (:func:`evaluate`). Returns the reports in the order of ``run_dirs``."""
+    wrong = []
+    for run_dir in run_dirs:
+        kind = run_kind(run_dir)
+        if is_parent(run_dir):
+            wrong.append(f"{run_dir} (a parent of replicated evolutions)")
+        elif kind != EVOLVE:
+            wrong.append(f"{run_dir} (a {kind} run)")
+    if wrong:
+        raise ConfigError(f"evaluating several runs together (sharing their baselines) takes "
+                          f"evolution runs only; not: {', '.join(wrong)}")
+    _check_evaluation_options(kind_spec(EVOLVE), options)
+    from metarl.evolve.evaluate import evaluate_runs
+
+    return evaluate_runs(run_dirs, **options)
+
+
+def _check_evaluation_options(spec, options: dict[str, Any]) -> None:
+    """A :class:`~metarl.config.ConfigError` naming any option the kind's evaluation does
+    not take (the tuning and across-a-knob options with why)."""
     accepted = [name for name, parameter in inspect.signature(spec.evaluate).parameters.items()
                 if name != "run_dir" and parameter.kind != parameter.KEYWORD_ONLY]
     unknown = sorted(set(options) - set(accepted))
@@ -180,11 +215,6 @@ def evaluate(run_dir: str | Path, **options) -> dict[str, Any]:
     if unknown:
         raise ConfigError(f"{', '.join(unknown)}: not an evaluation option of a {spec.name} "
                           f"run; it takes {', '.join(accepted)}")
-    if is_parent(run_dir):
-        from metarl.evolve.replicated import evaluate_replicated
-
-        return evaluate_replicated(run_dir, **options)
-    return spec.evaluate(run_dir, **options)
 
 
 def format_evaluation(run_dir: str | Path, report: dict[str, Any]) -> str:

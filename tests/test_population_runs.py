@@ -261,6 +261,9 @@ def test_plot_and_evaluate(references, kind, figure, capsys):
         assert len(report["returns"]) == 2  # inner.eval_episodes
     assert main(["evaluate", str(run_dir), "--seeds", "4"]) == 2
     assert f"--seeds: only for evolution runs; a {kind} run" in capsys.readouterr().err
+    assert main(["evaluate", str(run_dir), str(run_dir)]) == 2
+    assert f"takes evolution runs only; not: {run_dir} (a {kind} run)" in \
+        capsys.readouterr().err
 
 
 @pytest.mark.parametrize("kind", ["cem_rl", "dvd"])

@@ -8,6 +8,7 @@ Every run here uses one tiny config, so the generation step compiles once and la
 import hashlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -20,6 +21,7 @@ import pytest
 from _subprocess_env import env_without_device_count, jax_cache_env
 from _tiny_evolution import GENERATIONS, KILL_WORKER
 
+import metarl.evolve.evaluate as evaluate_module
 from metarl.cli import main
 from metarl.kinds import load_experiment, resume, start
 from metarl.runs.checkpoint import RunCheckpointer
@@ -235,6 +237,29 @@ def test_cli_errors_name_the_problem_and_exit_2(tiny_config_file, tmp_path, caps
     assert "run directory not found" in capsys.readouterr().err
     assert main(["evaluate", str(tmp_path / "nowhere")]) == 2
     assert "run directory not found" in capsys.readouterr().err
+
+
+def test_several_runs_evaluated_together_train_each_baseline_once(reference_run, tmp_path,
+                                                                  monkeypatch, capsys):
+    runs = [shutil.copytree(reference_run, tmp_path / name) for name in ("a", "b")]
+    for run in runs:
+        shutil.rmtree(run / "evaluations", ignore_errors=True)
+    trained = []
+    baseline = evaluate_module._evaluate_baseline
+    monkeypatch.setattr(evaluate_module, "_evaluate_baseline",
+                        lambda name, *rest: trained.append(name) or baseline(name, *rest))
+    flags = ["--seeds", "3", "--baselines", "l2"]  # as the test below: its programs
+    assert main(["evaluate", *map(str, runs), *flags]) == 0
+    out = capsys.readouterr().out
+    assert trained == ["l2"]
+    assert out.count("saved") == 2 and f"== {runs[1]}" in out
+    first, second = (json.loads((run / "evaluations" / "1.json").read_text()) for run in runs)
+    assert first["results"] == second["results"]  # copies of one run: every row the same
+    # alone, a run trains its baseline again and gets the same row
+    assert main(["evaluate", str(runs[0]), *flags, "--rerun"]) == 0
+    assert trained == ["l2", "l2"]
+    again = json.loads((runs[0] / "evaluations" / "1.json").read_text())
+    assert again["results"] == first["results"]
 
 
 def test_evaluate_compares_the_evolved_objective_with_baselines(reference_run, capsys):

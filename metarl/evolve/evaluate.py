@@ -385,6 +385,21 @@ def evaluate_run(run_dir: str | Path, env_ids: list[str] | None = None, seeds: i
     return report
 
 
+def evaluate_runs(run_dirs: Sequence[str | Path], **options) -> list[dict[str, Any]]:
+    """Evaluate several evolution runs with the same ``options`` (those of
+    :func:`evaluate_run`), training each baseline once.
+
+    The baselines' rows, their tuning and their points across a knob do not depend on the
+    evolved objective, so runs that share ``[inner]`` settings and fitness metric (the seeds
+    of one experiment, or variants such as LPO and TA-LPO) reuse them instead of training
+    them again; runs that differ simply train their own. Each run's record is saved in its
+    own ``evaluations/`` exactly as :func:`evaluate_run` alone would save it. Returns the
+    reports in the order of ``run_dirs``."""
+    trained_baselines: dict[str, Any] = {}
+    return [evaluate_run(run_dir, baseline_cache=trained_baselines, **options)
+            for run_dir in run_dirs]
+
+
 def _evaluate_baseline(name: str, inner, fitness: FitnessConfig, seeds: int,
                        eval_seed: int) -> ObjectiveResult:
     """The held-out row of the fixed objective ``name`` at its own initialisation."""

@@ -60,7 +60,7 @@ from inner_loops.population import check_population_memory
 from metarl import distributed
 from metarl.evolve.compare import Comparison, pooled_verdicts, summarise_run, verdicts
 from metarl.evolve.config import ExperimentConfig, config_from_dict
-from metarl.evolve.evaluate import evaluate_run, text_table
+from metarl.evolve.evaluate import evaluate_runs, text_table
 from metarl.evolve.generation import Evolution, EvolutionState
 from metarl.evolve.kind import RUN_KIND, EvolveProgram, RunResult
 from metarl.programs import program_key, shared_program
@@ -369,7 +369,7 @@ def evaluate_replicated(run_dir: str | Path, rerun: bool = False, **options
     """Evaluate every seed of the parent ``run_dir`` on the same held-out seeds, then judge
     the evolved objective against each baseline across the seeds.
 
-    Each seed is evaluated by :func:`metarl.evolve.evaluate.evaluate_run` with
+    Each seed is evaluated by :func:`metarl.evolve.evaluate.evaluate_runs` with
     ``options`` (``seeds``, ``baselines``, ``tune``, ``across``, ...) and saved in its own
     directory as a run alone would be; the baselines (and their tuning) do not depend on
     the evolution seed, so they are trained once and their rows reused for every seed.
@@ -386,9 +386,7 @@ def evaluate_replicated(run_dir: str | Path, rerun: bool = False, **options
     if missing:
         raise RunError(f"{parent}: seed directories not created yet: {', '.join(missing)}; "
                        f"`metarl resume {parent}` runs them")
-    trained_baselines: dict[str, Any] = {}
-    reports = [evaluate_run(seed_dir, rerun=rerun, baseline_cache=trained_baselines, **options)
-               for seed_dir in dirs]
+    reports = evaluate_runs(dirs, rerun=rerun, **options)
     spec = {"replicates": [d.name for d in dirs], "seed_specs": [r["spec"] for r in reports]}
 
     def compute() -> dict[str, Any]:
