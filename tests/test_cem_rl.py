@@ -1,7 +1,8 @@
 """Tests of CEM-RL, :mod:`metarl.population.cem_rl`.
 
-- Learning: on Pendulum-v1 the mean actor of a population of 6 (3 RL actors) ends far above
-  the untrained actor it started from (a subprocess started when the module starts).
+- Learning: on Pendulum-v1 cut to 100-step episodes, for each of 3 seeds the mean actor of
+  a population of 6 (3 RL actors) ends far above the untrained actor it started from (the
+  seeds train as one vmapped program, in a subprocess started when the module starts).
 - Bookkeeping of a tiny run: one record per generation, fitness per member, the first half
   marked as RL actors, no gradient step before the buffer holds ``learning_starts``
   transitions, environment steps counted, the buffer filled by the evaluations.
@@ -40,24 +41,33 @@ TINY = CEMRLConfig(inner=TINY_INNER, population_size=4, num_elites=2, generation
 LEARNING_WORKER = """
 import sys
 import jax
+import jax.numpy as jnp
 import numpy as np
 from inner_loops.td3 import TD3Config
-from metarl.population.cem_rl import CEMRLConfig, train_cem_rl
+from metarl.population.cem_rl import CEMRLConfig, make_cem_rl
 
-inner = TD3Config(env_id="Pendulum-v1", actor_hidden_sizes=(64, 64),
-                  critic_hidden_sizes=(64, 64), buffer_size=50_000)
-config = CEMRLConfig(inner=inner, population_size=6, num_elites=3, generations=12)
-returns, initial = [], []
-for seed in range(int(sys.argv[2])):
-    result = train_cem_rl(config, jax.random.PRNGKey(seed))
-    returns.append([record["mean_return"] for record in result.history])
-    run = result.run
-    start = jax.jit(run.init)(jax.random.PRNGKey(seed))
-    initial.append(float(run.parts.evaluate(run.mean_actor(start), jax.random.PRNGKey(1),
-                                            inner.eval_episodes)))
-np.savez(sys.argv[1], mean_return=np.array(returns), initial_return=np.array(initial))
+inner = TD3Config(env_id="Pendulum-v1", env_params={"max_steps_in_episode": 100},
+                  actor_hidden_sizes=(32, 32), critic_hidden_sizes=(32, 32),
+                  buffer_size=50_000, learning_starts=600, eval_episodes=5)
+config = CEMRLConfig(inner=inner, population_size=6, num_elites=3, generations=20)
+run = make_cem_rl(config)
+keys = jax.vmap(jax.random.PRNGKey)(jnp.arange(int(sys.argv[2])))
+states = jax.jit(jax.vmap(run.init))(keys)
+untrained = jax.jit(jax.vmap(lambda state: run.parts.evaluate(
+    run.mean_actor(state), jax.random.PRNGKey(1), inner.eval_episodes)))(states)
+generation = jax.jit(jax.vmap(run.generation))
+returns = []
+for _ in range(config.generations):
+    states, metrics = generation(states)
+    returns.append(np.asarray(metrics["mean_return"]))
+np.savez(sys.argv[1], mean_return=np.stack(returns, axis=1),
+         initial_return=np.asarray(untrained))
 """
-LEARNING_SEEDS = 1
+# Three seeds for the CPU that one seed of 200-step episodes and 64-unit networks took
+# (40 against 41 CPU-s for this test alone, cold cache): 100-step episodes halve a
+# generation's evaluations and gradient steps, 32-unit networks make each step cheaper, and
+# one vmapped program (one compilation) serves every seed.
+LEARNING_SEEDS = 3
 LEARNING_TIMEOUT = 900
 
 
@@ -77,15 +87,18 @@ def start_pendulum_first(request):
 @pytest.mark.slow
 @pytest.mark.timeout(LEARNING_TIMEOUT + 60, method="thread")
 def test_pendulum_mean_actor_learns(pendulum_process):
-    """12 generations of 6 actors (14 400 environment steps): the mean actor's return,
-    averaged over the last 3 generations, is far above the untrained actor's (about
-    -1200 on Pendulum; TD3 reaches about -200 in 2e4 steps)."""
+    """20 generations of 6 actors on 100-step episodes (12 000 environment steps), 3 seeds:
+    on every seed the mean actor's return, averaged over the last 3 generations, is far
+    above the untrained actor's (about -680 on these episodes)."""
     metrics = learning_metrics(*pendulum_process, LEARNING_TIMEOUT, "CEM-RL on Pendulum")
     final = metrics["mean_return"][:, -3:].mean(axis=1)
     initial = metrics["initial_return"]
     print(f"CEM-RL Pendulum: untrained {initial}, final mean actor {final}")
-    assert np.all(final > -600.0), final
-    assert np.all(final > initial + 400.0), (initial, final)
+    assert final.shape == (LEARNING_SEEDS,)
+    # Measured over seeds 0-11 (four runs of 3): untrained -666 to -693, final -131 to -197,
+    # gains of 480 to 535 (on seeds 0-2: -670, -690, -689 -> -171, -173, -166).
+    assert np.all(final > -350.0), final
+    assert np.all(final > initial + 300.0), (initial, final)
 
 
 # --------------------------------------------------------------------- a tiny run
