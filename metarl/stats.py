@@ -5,7 +5,9 @@ drawn from it, and performance profiles.
 The estimates come from rliable (Agarwal et al., 2021, "Deep reinforcement learning at the
 edge of the statistical precipice"): the interquartile mean, median and mean with
 stratified bootstrap intervals, the probability of improvement of independent samples and
-performance profiles. rliable has no paired probability of improvement, so where two
+performance profiles. Over a single task (one environment: every interval a held-out
+evaluation reports) the stratified bootstrap is the plain bootstrap of the runs, and
+``scipy.stats.bootstrap`` draws it vectorised, a hundred times faster than rliable's loop. rliable has no paired probability of improvement, so where two
 objectives were trained on the same seeds (held-out evaluations train every objective on
 the same keys) it comes from ``scipy.stats.bootstrap(..., paired=True)``.
 
@@ -125,6 +127,17 @@ def aggregate(scores, metric: str = "iqm", *, confidence: float = CONFIDENCE,
     value = float(function(scores)[0])
     if scores.shape[0] == 1 or np.all(scores == scores[0]):
         return Estimate(value, value, value)
+    if scores.shape[1] == 1:
+        # Over one task the stratified bootstrap is the plain bootstrap of the runs. scipy
+        # draws every resample in one vectorised call where rliable calls the statistic
+        # once per resample: 0.39 s of CPU per interval of 16 seeds went to a few ms.
+        from scipy import stats
+
+        result = stats.bootstrap(
+            (scores[:, 0],), _VECTORISED[metric], vectorized=True, n_resamples=resamples,
+            confidence_level=confidence, method="percentile", rng=np.random.default_rng(seed))
+        low, high = result.confidence_interval
+        return Estimate(value, float(low), float(high))
     from rliable import library
 
     with _seeded_global_generator(seed):
@@ -133,6 +146,17 @@ def aggregate(scores, metric: str = "iqm", *, confidence: float = CONFIDENCE,
             confidence_interval_size=confidence)
     low, high = np.asarray(intervals[metric], np.float64).reshape(2)
     return Estimate(value, float(low), float(high))
+
+
+def _trimmed_mean(scores: np.ndarray, axis: int) -> np.ndarray:
+    """The interquartile mean along ``axis`` (rliable's IQM of one task)."""
+    from scipy import stats
+
+    return stats.trim_mean(scores, 0.25, axis=axis)
+
+
+# The aggregates as statistics over an axis, for scipy's vectorised bootstrap.
+_VECTORISED = {"iqm": _trimmed_mean, "median": np.median, "mean": np.mean}
 
 
 def aggregates(scores, *, confidence: float = CONFIDENCE, resamples: int = RESAMPLES,
@@ -285,6 +309,9 @@ def performance_profile(scores: Mapping[str, object], thresholds, *,
     profiles = {}
     if not arrays or thresholds.size == 0:
         return profiles
+    if all(a.shape[1] == 1 for a in arrays.values()):
+        return {name: _one_task_profile(a[:, 0], thresholds, confidence, resamples, seed)
+                for name, a in arrays.items()}
     with _seeded_global_generator(seed):
         fractions, bands = library.create_performance_profile(
             arrays, thresholds, custom_profile_func=_fraction_above, reps=resamples,
@@ -294,3 +321,25 @@ def performance_profile(scores: Mapping[str, object], thresholds, *,
         profiles[name] = Profile(thresholds, np.asarray(fractions[name], np.float64),
                                  band[0], band[1])
     return profiles
+
+
+def _one_task_profile(scores: np.ndarray, thresholds: np.ndarray, confidence: float,
+                      resamples: int, seed: int) -> Profile:
+    """The profile of one task's ``scores [S]``: over one task rliable's stratified
+    bootstrap is the plain bootstrap of the runs, which scipy draws in one vectorised call
+    (rliable's loop took 0.35 s of CPU per profile of 16 seeds)."""
+    from scipy import stats
+
+    def fractions(runs: np.ndarray, axis: int) -> np.ndarray:  # [K, ...] over resamples
+        runs = np.moveaxis(runs, axis, -1)
+        return np.moveaxis(np.mean(runs[..., None, :] > thresholds[:, None], axis=-1), -1, 0)
+
+    fraction = _fraction_above(scores[:, None], thresholds)
+    if scores.size < 2:
+        return Profile(thresholds, fraction, fraction.copy(), fraction.copy())
+    result = stats.bootstrap((scores,), fractions, vectorized=True, n_resamples=resamples,
+                             confidence_level=confidence, method="percentile",
+                             rng=np.random.default_rng(seed))
+    band = result.confidence_interval
+    return Profile(thresholds, fraction, np.asarray(band.low, np.float64),
+                   np.asarray(band.high, np.float64))
