@@ -7,9 +7,10 @@ edge of the statistical precipice"): the interquartile mean, median and mean wit
 stratified bootstrap intervals, the probability of improvement of independent samples and
 performance profiles. Over a single task (one environment: every interval a held-out
 evaluation reports) the stratified bootstrap is the plain bootstrap of the runs, and
-``scipy.stats.bootstrap`` draws it vectorised, a hundred times faster than rliable's loop. rliable has no paired probability of improvement, so where two
-objectives were trained on the same seeds (held-out evaluations train every objective on
-the same keys) it comes from ``scipy.stats.bootstrap(..., paired=True)``.
+``scipy.stats.bootstrap`` draws it vectorised, a hundred times faster than rliable's loop.
+rliable has no paired probability of improvement, so where two objectives were trained on
+the same seeds (held-out evaluations train every objective on the same keys) it comes from
+``scipy.stats.bootstrap(..., paired=True)``.
 
 Every interval is a percentile bootstrap interval drawn from a fixed random state, so a
 record saved twice from the same returns holds the same numbers. rliable draws its
