@@ -31,10 +31,12 @@ from typing import Any
 import jax
 import numpy as np
 
-from metarl.config import ConfigError
 from metarl.population.cem_rl import CEMRLConfig, CEMRLState, generation_record, make_cem_rl
-from metarl.population.method_config import MethodExperimentConfig, method_config_from_dict
-from metarl.programs import program_key, shared_program
+from metarl.population.method_config import (
+    MethodExperimentConfig,
+    method_config_from_dict,
+    shared_method_programs,
+)
 from metarl.runs import engine
 from metarl.runs.engine import RunKind, SteppedRun, finite_stat
 from metarl.runs.evaluations import digest, saved_evaluation
@@ -55,16 +57,8 @@ class CEMRLProgram:
     def __init__(self, config: MethodExperimentConfig, mesh=None):
         del mesh  # one shared critic and buffer: the population trains on one device
         self.config = config
-
-        def build():
-            try:
-                run = make_cem_rl(config.method)
-            except ValueError as error:
-                raise ConfigError(str(error).removeprefix("cem_rl.")) from None
-            return run, run.jit_generation(), jax.jit(run.init)
-
-        # traced and compiled once for every program of an equal config in a process
-        self.run, self.generation, self._init = shared_program(program_key(config, KIND), build)
+        self.run, self.generation, self._init = shared_method_programs(
+            config, KIND, make_cem_rl, lambda run: run.jit_generation())
         self.steps = config.method.generations
         self.hypers = self.run.hyperparams()
         self.agent_steps_per_step = self.run.steps_per_generation

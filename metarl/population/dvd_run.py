@@ -32,10 +32,12 @@ from typing import Any
 import jax
 import numpy as np
 
-from metarl.config import ConfigError
 from metarl.population.dvd import DvDConfig, DvDState, make_dvd, segment_record
-from metarl.population.method_config import MethodExperimentConfig, method_config_from_dict
-from metarl.programs import program_key, shared_program
+from metarl.population.method_config import (
+    MethodExperimentConfig,
+    method_config_from_dict,
+    shared_method_programs,
+)
 from metarl.runs import engine
 from metarl.runs.engine import RunKind, SteppedRun, finite_stat
 from metarl.runs.evaluations import digest, saved_evaluation
@@ -56,16 +58,8 @@ class DvDProgram:
     def __init__(self, config: MethodExperimentConfig, mesh=None):
         del mesh  # one shared critic and buffer: the population trains on one device
         self.config = config
-
-        def build():
-            try:
-                run = make_dvd(config.method)
-            except ValueError as error:
-                raise ConfigError(str(error).removeprefix("dvd.")) from None
-            return run, run.jit_segment(), jax.jit(run.init)
-
-        # traced and compiled once for every program of an equal config in a process
-        self.run, self.segment, self._init = shared_program(program_key(config, KIND), build)
+        self.run, self.segment, self._init = shared_method_programs(
+            config, KIND, make_dvd, lambda run: run.jit_segment())
         self.steps = config.method.num_segments
         self.hypers = self.run.hyperparams()
         self.agent_steps_per_step = config.method.segment_updates * self.run.steps_per_update

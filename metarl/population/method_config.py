@@ -20,6 +20,7 @@ replay buffer, and the whole population trains as one program on one device.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -105,3 +106,24 @@ def method_config_from_dict(kind: str, method_class: type, data: dict[str, Any]
                           f"inner, {kind}, run")
     return build_table(MethodExperimentConfig,
                        {**data, "kind": kind, "method": method, "run": run}, "")
+
+
+def shared_method_programs(config: MethodExperimentConfig, kind: str,
+                           make: Callable[[Any], Any], jit_step: Callable[[Any], Any]
+                           ) -> tuple[Any, Any, Any]:
+    """``(run, jitted step, jitted init)`` of the method ``make(config.method)`` builds,
+    traced and compiled once for every program of an equal config in a process
+    (:func:`metarl.programs.shared_program`); ``jit_step(run)`` jits its generation or
+    segment. A setting the method refuses is a :class:`ConfigError` naming its field."""
+    import jax
+
+    from metarl.programs import program_key, shared_program
+
+    def build():
+        try:
+            run = make(config.method)
+        except ValueError as error:
+            raise ConfigError(str(error).removeprefix(f"{kind}.")) from None
+        return run, jit_step(run), jax.jit(run.init)
+
+    return shared_program(program_key(config, kind), build)
