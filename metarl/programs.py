@@ -22,7 +22,7 @@ from typing import Any
 # Run settings read only between steps (by the run-directory layer), never when tracing.
 IO_RUN_FIELDS = ("output_dir", "progress", "checkpoint_every", "keep_checkpoints",
                  "trackers", "max_invalid_generations")
-KEPT = 16  # programs kept, the least recently used dropped first
+KEPT = 32  # programs kept, the least recently used dropped first
 
 _PROGRAMS: OrderedDict[tuple, Any] = OrderedDict()
 

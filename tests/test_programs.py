@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import jax
 import pytest
 from _tiny_evolution import TINY
 
@@ -80,3 +81,37 @@ def test_a_run_resumed_where_it_started_compiles_no_new_step(tiny, tmp_path, com
     new = [name for _, name, _ in compilations.events][len(before):]
     assert not [name for name in new if "generation" in name], new
     assert Evolution(config).step._cache_size() == 1
+
+
+def test_an_objective_asked_for_again_is_the_same_object():
+    """Equal (name, options) give one Objective, so programs traced from it can be shared;
+    other options give another, and options that are not plain data are never shared."""
+    import numpy as np
+
+    from metarl.objectives import make_objective
+
+    first = make_objective("value_distance", hidden_sizes=[8])
+    assert make_objective("value_distance", hidden_sizes=[8]) is first
+    assert make_objective("value_distance", hidden_sizes=[16]) is not first
+    assert make_objective("value_distance", hidden_sizes=[8], learn_scale=True) is not first
+    odd = np.array([8])
+    assert make_objective("value_distance", hidden_sizes=odd) is not make_objective(
+        "value_distance", hidden_sizes=odd)
+
+
+def test_evaluating_an_objective_again_compiles_nothing(tiny, compilations):
+    """A second evaluation of an equal objective and [inner] table (another run, another
+    environment's baselines) reuses the first one's program and trains the same agents."""
+    from metarl.evolve.evaluate import evaluate_objective
+    from metarl.objectives import make_objective
+
+    def evaluate():
+        objective = make_objective("l2")
+        return evaluate_objective(objective, objective.init(jax.random.PRNGKey(0)), tiny.inner[0],
+                                  tiny.fitness, seeds=2, eval_seed=5, name="l2")
+
+    first = evaluate()
+    before = compilations.count()
+    again = evaluate()
+    assert compilations.count() == before
+    assert again.returns == first.returns

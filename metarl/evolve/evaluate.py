@@ -30,6 +30,7 @@ from metarl.evolve.fitness import run_is_valid, run_return
 from metarl.evolve.generation import build_learner
 from metarl.evolve.tuning import DEFAULT_TUNE_SEED, DEFAULT_TUNE_SEEDS
 from metarl.objectives import available_objectives, get_objective, make_objective
+from metarl.programs import shared_program
 from metarl.runs.engine import read_config
 from metarl.runs.evaluations import saved_evaluation
 from metarl.runs.layout import PLOTS_DIR, RunError, read_metrics
@@ -93,12 +94,14 @@ def evaluate_objective(objective, meta_params, inner, fitness: FitnessConfig,
     and summarise them; ``hypers`` (the learner's ``Hyperparams``, shared by every seed)
     replaces ``inner``'s hyperparameters, e.g. at a tuned setting."""
     learner = build_learner(inner, objective)
-    train = learner.train
     keys = jax.random.split(jax.random.PRNGKey(eval_seed), seeds)
-    if hypers is None:
-        metrics = jax.jit(jax.vmap(train, in_axes=(0, None)))(keys, meta_params)
-    else:
-        metrics = jax.jit(jax.vmap(train, in_axes=(0, None, None)))(keys, meta_params, hypers)
+    # One jitted program per objective and [inner] table in a process (compiled once per
+    # seed count): the baselines of several runs, and a run evaluated again, reuse it.
+    in_axes = (0, None) if hypers is None else (0, None, None)
+    program = shared_program(("evaluate", objective, inner, in_axes),
+                             lambda: jax.jit(jax.vmap(learner.train, in_axes=in_axes)))
+    metrics = program(keys, meta_params) if hypers is None else program(keys, meta_params,
+                                                                        hypers)
     returns = np.asarray(run_return(metrics, fitness))
     valid = np.asarray(run_is_valid(metrics, returns))
     mean = aggregate(returns[valid], "mean")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import json
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -150,11 +151,32 @@ class RegisteredObjective:
                 fills other slots than it declared.
         """
         _check_options(self.name, self.factory, options)
+        key = _built_key(self, options)
+        if key in _BUILT:
+            return _BUILT[key]
         objective = self.factory(**options)
         if objective.slots != self.slots:
             raise ValueError(f"objective {self.name!r} declares slots {list(self.slots)} but its "
                              f"factory filled {list(objective.slots)}")
-        return dataclasses.replace(objective, algorithms=self.algorithms, label=self.name)
+        objective = dataclasses.replace(objective, algorithms=self.algorithms, label=self.name)
+        if key is not None:
+            _BUILT[key] = objective
+        return objective
+
+
+# Every objective built, by declaration and options: an equal request returns the same
+# (immutable) Objective, so programs traced from it can be shared by key
+# (metarl.programs) instead of being traced and compiled again.
+_BUILT: dict[tuple, Objective] = {}
+
+
+def _built_key(declaration: RegisteredObjective, options: dict[str, Any]) -> tuple | None:
+    """The key of ``options`` in ``_BUILT``, or ``None`` (not kept) for options that are
+    not plain data (numbers, strings, lists, tables), whose text could not tell them apart."""
+    try:
+        return declaration, json.dumps(options, sort_keys=True, allow_nan=True)
+    except TypeError:
+        return None
 
 
 _REGISTRY: dict[str, RegisteredObjective] = {}
