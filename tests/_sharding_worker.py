@@ -6,8 +6,8 @@ each one's stdout. The single-device references are computed here too (``mesh=No
 device 0 only), under the same XLA flags, so the two sides differ only in sharding.
 
 Usage: ``python tests/_sharding_worker.py [PART ...] [--chunked]`` with parts ``plain``,
-``structure``, ``generation`` (the unsharded reference), ``generation_sharded``, ``dqn``,
-``td3`` and ``sac``; all of them by default. One process runs several parts because
+``structure``, ``generation`` (the unsharded reference), ``generation_sharded`` and
+``dqn``; all of them by default. One process runs several parts because
 starting one costs several CPU-seconds (importing jax, metarl and, in the first part that
 makes a learner, gymnax) before it computes anything. Each part's result is under its own
 name in the output, and ``cpu_seconds`` says what each part cost (``start``: the imports
@@ -31,8 +31,6 @@ from inner_loops import make_learner, population
 from inner_loops.dqn import DQNConfig
 from inner_loops.population import broadcast_to_population, stack_hyperparams
 from inner_loops.ppo import PPOConfig, make_train
-from inner_loops.sac import SACConfig
-from inner_loops.td3 import TD3Config
 from metarl import sharding
 from metarl.config import RunConfig
 from metarl.evolve.config import ESConfig, ExperimentConfig, FitnessConfig
@@ -220,44 +218,12 @@ def run_generations(shard: bool) -> dict:
     }
 
 
-CONTINUOUS_AGENTS = 6  # not a multiple of 4 devices: exercises padding
-CONTINUOUS = {
-    "td3": TD3Config(num_envs=2, train_frequency=2, gradient_steps=4, policy_delay=2,
-                     total_timesteps=64, buffer_size=32, batch_size=8, learning_starts=16,
-                     actor_hidden_sizes=(8,), critic_hidden_sizes=(8,)),
-    "sac": SACConfig(num_envs=2, train_frequency=2, gradient_steps=2, total_timesteps=64,
-                     buffer_size=32, batch_size=8, learning_starts=16,
-                     actor_hidden_sizes=(8,), critic_hidden_sizes=(8,)),
-}
-
-
-def continuous(algorithm: str) -> dict:
-    """6 TD3 or SAC agents (padded to 8 on 4 devices), trained in one vmap by
-    :func:`inner_loops.population.train_population` on device 0 (``reference``) and by
-    :func:`metarl.sharding.train_population` over the mesh (``sharded``): their metrics,
-    and how the sharded metrics are laid out."""
-    learner = make_learner(CONTINUOUS[algorithm])
-    keys = jax.random.split(jax.random.PRNGKey(3), CONTINUOUS_AGENTS)
-    hypers = broadcast_to_population(learner.default_hypers, CONTINUOUS_AGENTS)
-    mesh = sharding.population_mesh()
-    reference = jax.jit(lambda k, h: population.train_population(
-        learner.train, k, None, h, chunk_size=CONTINUOUS_AGENTS))
-    sharded = jax.jit(lambda k, h: sharding.train_population(
-        learner.train, k, None, h, CONTINUOUS_AGENTS, mesh))
-    sharded_metrics = sharded(keys, hypers)
-    return {"reference": listed(reference(keys, hypers)),
-            "sharded": listed(sharded_metrics),
-            "sharding": str(sharded_metrics["episode_return"].sharding)}
-
-
 TASKS = {
     "plain": plain,
     "structure": structure,
     "generation": lambda: run_generations(False),
     "generation_sharded": lambda: run_generations(True),
     "dqn": dqn,
-    "td3": lambda: continuous("td3"),
-    "sac": lambda: continuous("sac"),
 }
 
 

@@ -13,8 +13,8 @@ share, :mod:`inner_loops.continuous_control`).
   action scaling, the delayed actor steps.
 - The contract: a vmapped population with per-member hyperparameters equals its members
   trained one by one in segments; chunked equals unchunked; a population checkpointed mid-
-  training with orbax and resumed equals the uninterrupted run. (Sharded over 4 simulated
-  devices equals one device: ``tests/test_sharding.py``, in its worker processes.)
+  training with orbax and resumed equals the uninterrupted run. (Sharding over devices is
+  checked on PPO and DQN in ``tests/test_sharding.py``; it wraps every learner alike.)
 - Mixed precision: with ``precision = "bfloat16"`` tiny agents train with finite metrics
   and float32 parameters, and the actor's outputs and both critics' Q-values are within
   1 % of float32's on the same parameters.
