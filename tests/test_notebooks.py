@@ -1,12 +1,16 @@
 """The notebooks run top to bottom (on tiny settings) and are committed without outputs.
 
 Each notebook's first code cell holds its size knobs (``GENERATIONS = 3`` ...); the test
-rewrites them to the values in ``TINY`` and executes the notebook in a fresh ``python3``
-kernel with nbclient. Compilation dominates on the CPU, so the kernels share a persistent JAX
-compilation cache (see ``tests/_subprocess_env.py``): notebooks 1, 2 and 4 and the run of
-``tests/test_plots.py`` (through the ``metarl`` command line) use the same value-distance
-setting and the same devices, one JAX CPU device per core, and compile its generation step
-once between them.
+rewrites them to the values in ``TINY`` and executes the notebook with nbclient in a
+``python3`` kernel. The notebooks of one test process run one after another in one kernel,
+each after ``%reset -f`` (its namespace starts empty, so a name it uses without defining
+still fails): a kernel's start and its imports of jax, gymnax, metarl and matplotlib cost
+about 6 CPU-seconds, and programs that notebooks 1, 2 and 4 share (the same value-distance
+setting) are then traced once. What a user's fresh kernel has and this one may lack is
+module state a notebook changes; none sets JAX or matplotlib options. The kernel also
+shares the session's persistent JAX compilation cache (``tests/_subprocess_env.py``) with
+the run of ``tests/test_plots.py`` (through the ``metarl`` command line), which uses the
+same setting and devices, one JAX CPU device per core.
 """
 
 from __future__ import annotations
@@ -116,27 +120,66 @@ def test_the_rendered_copy_in_docs_is_current(path):
     assert any("image/png" in o.get("data", {}) for o in outputs), "no figure in the copy"
 
 
+class SharedKernel:
+    """One ``python3`` kernel for the notebooks of this process, started on first use and
+    started again if a notebook killed it."""
+
+    def __init__(self):
+        self.manager = None
+
+    def get(self):
+        from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
+        from jupyter_client.manager import AsyncKernelManager
+        from jupyter_core.utils import run_sync
+
+        if self.manager is not None and run_sync(self.manager.is_alive)():
+            return self.manager
+        try:
+            KernelSpecManager().get_kernel_spec("python3")
+        except NoSuchKernel:
+            pytest.fail("no 'python3' Jupyter kernel: run `python -m ipykernel install --user`")
+        self.manager = AsyncKernelManager(kernel_name="python3")
+        run_sync(self.manager.start_kernel)(cwd=str(NOTEBOOK_DIR),
+                                            env={**os.environ, **jax_cache_env()})
+        return self.manager
+
+    def shutdown(self):
+        from jupyter_core.utils import run_sync
+
+        if self.manager is not None:
+            run_sync(self.manager.shutdown_kernel)(now=True)
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    shared = SharedKernel()
+    yield shared
+    shared.shutdown()
+
+
+def fresh_start(tmp_path: Path) -> str:
+    """The cell run before a notebook: an empty namespace, and temporary files (the
+    notebooks' ``tempfile.mkdtemp()`` runs) under ``tmp_path``."""
+    return ("%reset -f\n"
+            "import os as _os, tempfile as _tempfile\n"
+            f"_os.environ['TMPDIR'] = {str(tmp_path)!r}\n"
+            "_tempfile.tempdir = None\n"
+            "del _os, _tempfile")
+
+
 @pytest.mark.timeout(NOTEBOOK_TIMEOUT)
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
-def test_notebook_runs(path, tmp_path, monkeypatch):
-    from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
+def test_notebook_runs(path, tmp_path, kernel):
     from nbclient import NotebookClient
-
-    try:
-        KernelSpecManager().get_kernel_spec("python3")
-    except NoSuchKernel:
-        pytest.fail("no 'python3' Jupyter kernel: run `python -m ipykernel install --user`")
 
     before = sorted(NOTEBOOK_DIR.rglob("*"))
     notebook = nbformat.read(path, as_version=4)
     extra = EXTRA.get(path.name, {})
     set_knobs(notebook, {**TINY, **extra}, optional=set(TINY) - set(extra))
-    for name, value in jax_cache_env().items():
-        monkeypatch.setenv(name, value)  # inherited by the kernel process
-    monkeypatch.setenv("TMPDIR", str(tmp_path))  # the notebooks' tempfile.mkdtemp() runs
+    notebook.cells.insert(0, nbformat.v4.new_code_cell(fresh_start(tmp_path)))
 
     client = NotebookClient(
-        notebook, timeout=CELL_TIMEOUT, kernel_name="python3",
+        notebook, km=kernel.get(), timeout=CELL_TIMEOUT, kernel_name="python3",
         resources={"metadata": {"path": str(NOTEBOOK_DIR)}},
     )
     try:
