@@ -44,10 +44,10 @@ from metarl.config import (
     plain,
     refuse_tables,
 )
+from metarl.evolve.strategies import available_strategies, check_es_table, check_strategy
 from metarl.population.priors import Prior, hyperparameter_fields
 
-STRATEGIES = ("Open_ES", "SNES", "CMA_ES", "Sep_CMA_ES", "PGPE")
-ANTITHETIC_STRATEGIES = ("Open_ES", "PGPE")
+STRATEGIES = available_strategies()
 FITNESS_SHAPINGS = ("centered_rank", "standardize", "raw")
 FITNESS_METRICS = ("final_return", "mean_return")
 
@@ -82,21 +82,35 @@ class ObjectiveConfig:
 class ESConfig:
     """The outer evolution strategy (evosax).
 
+    Which of these settings a strategy reads, and the table of strategies, are in
+    :mod:`metarl.evolve.strategies` and the learned-objectives guide.
+
     Attributes:
-        strategy: one of ``Open_ES`` (default), ``SNES``, ``CMA_ES``, ``Sep_CMA_ES``, ``PGPE``.
-        population_size: candidates per generation; even for ``Open_ES``/``PGPE``
-            (antithetic pairs).
+        strategy: an evosax class name: ``Open_ES`` (default), ``SNES``, ``CMA_ES``,
+            ``Sep_CMA_ES``, ``PGPE`` and the others that
+            ``metarl.evolve.strategies.available_strategies()`` lists; the evosax strategies
+            not offered, and why, are in ``metarl.evolve.strategies.EXCLUDED``.
+        population_size: candidates ``C`` per generation; even where the strategy samples
+            mirrored pairs (e.g. ``Open_ES``, ``PGPE``).
         generations: generations to run.
         sigma: initial standard deviation of the search distribution (evosax's default of
-            1.0 is far too large for neural meta-parameters).
-        sigma_decay: multiplicative decay of ``sigma`` per generation (``Open_ES``).
-        sigma_min: floor of the decayed ``sigma`` (``Open_ES``).
-        learning_rate: Adam step size on the distribution mean (``Open_ES``, ``PGPE``,
-            ``SNES``).
+            1.0 is far too large for neural meta-parameters): ``std_init``, or the start of
+            the ``std_schedule``, of the strategy.
+        sigma_decay: multiplicative decay of ``sigma`` per generation, where the strategy
+            takes a ``std_schedule`` (``Open_ES``, ``ARS``, ...).
+        sigma_min: floor of the decayed ``sigma`` (same strategies).
+        learning_rate: Adam step size on the distribution mean, where the strategy takes
+            an optimizer (``Open_ES``, ``PGPE``, ``SNES``, ...).
         learning_rate_decay: multiplicative decay of the learning rate per generation.
-        antithetic: mirrored sampling (``Open_ES`` only; ``PGPE`` always mirrors).
+        antithetic: mirrored sampling, where the strategy lets it be switched (``Open_ES``,
+            ``EvoTF_ES``; ``PGPE`` and some others always mirror).
         fitness_shaping: ``centered_rank`` (default), ``standardize`` or ``raw``; used by
-            ``Open_ES`` and ``PGPE`` (the others rank by construction).
+            the strategies that estimate a gradient from one generation's values
+            (``Open_ES``, ``PGPE``, ``ARS``, ``ASEBO``, ``ESMC``); the others keep their
+            own (rank weights, or raw fitness compared across generations).
+        options: the strategy's own settings: scalar fields of its evosax
+            ``default_params`` by name, e.g. ``{ c_std = 0.3 }`` for ``CMA_ES`` (``std_init``
+            is ``sigma``). An unknown key is an error that lists the strategy's keys.
         evolution_seeds: independent evolutions run together (default 1: one ordinary
             run). With ``N > 1`` the run directory becomes a parent of ``N`` ordinary run
             directories ``seed_0 ... seed_{N-1}``: seed ``i`` is the run of this
@@ -117,18 +131,18 @@ class ESConfig:
     antithetic: bool = True
     fitness_shaping: str = "centered_rank"
     evolution_seeds: int = 1
+    options: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self):
-        check_choice("es.strategy", self.strategy, STRATEGIES, ConfigError)
+        check_strategy(self.strategy)
         check_positive_int("es.evolution_seeds", self.evolution_seeds, ConfigError)
         check_choice("es.fitness_shaping", self.fitness_shaping, FITNESS_SHAPINGS, ConfigError)
         check_positive_int("es.population_size", self.population_size, ConfigError)
         check_positive_int("es.generations", self.generations, ConfigError)
-        if self.strategy in ANTITHETIC_STRATEGIES and self.population_size % 2:
-            raise ConfigError(
-                f"es.population_size: {self.strategy} samples antithetic pairs, so the "
-                f"population must be even; got {self.population_size}"
-            )
+        if not isinstance(self.antithetic, bool):
+            raise ConfigError(f"es.antithetic: expected true or false, got {self.antithetic!r}")
+        object.__setattr__(self, "options", check_es_table(
+            self.strategy, self.population_size, self.antithetic, self.options))
         if self.population_size < 2:
             raise ConfigError("es.population_size: needs at least 2 candidates to rank")
         for name in ("sigma", "learning_rate", "sigma_min"):

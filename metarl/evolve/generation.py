@@ -21,7 +21,6 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import optax
 from flax import struct
 from jax.flatten_util import ravel_pytree
 
@@ -36,55 +35,26 @@ from metarl.evolve.fitness import (
     run_is_valid,
     run_return,
 )
+from metarl.evolve.strategies import (
+    ask_search,
+    build_strategy,
+    init_search,
+    search_centre,
+    tell_search,
+)
 from metarl.programs import program_key, shared_program
 from metarl.sharding import population_mesh, put_replicated, replicate
-
-
-def _fitness_shaping_fn(name: str):
-    from evosax.core import fitness_shaping
-
-    return {
-        "centered_rank": fitness_shaping.centered_rank_fitness_shaping_fn,
-        "standardize": fitness_shaping.standardize_fitness_shaping_fn,
-        "raw": fitness_shaping.identity_fitness_shaping_fn,
-    }[name]
 
 
 def make_strategy(config: ESConfig, template: Any):
     """Build the evosax strategy named in ``config`` for meta-parameters like ``template``.
 
     Returns ``(strategy, es_params)``; σ, learning rate and their decays come from the
-    config because evosax's defaults (σ = 1, SGD at 1e-3) do not suit neural meta-parameters.
+    config because evosax's defaults (σ = 1, SGD at 1e-3) do not suit neural meta-parameters
+    (:func:`metarl.evolve.strategies.build_strategy` says which settings reach which
+    strategy).
     """
-    # imported here: importing evosax runs a JAX computation, which would fix the CPU
-    # device count before metarl could choose it
-    from evosax.algorithms import CMA_ES, PGPE, SNES, Open_ES, Sep_CMA_ES
-    learning_rate = optax.exponential_decay(
-        config.learning_rate, transition_steps=1, decay_rate=config.learning_rate_decay
-    )
-    optimizer = optax.adam(learning_rate)
-    shaping = _fitness_shaping_fn(config.fitness_shaping)
-    size = config.population_size
-    if config.strategy == "Open_ES":
-        sigma = optax.exponential_decay(
-            config.sigma, transition_steps=1, decay_rate=config.sigma_decay,
-            end_value=config.sigma_min,
-        )
-        strategy = Open_ES(size, template, use_antithetic_sampling=config.antithetic,
-                           optimizer=optimizer, std_schedule=sigma, fitness_shaping_fn=shaping)
-        return strategy, strategy.default_params
-    if config.strategy == "PGPE":
-        strategy = PGPE(size, template, optimizer=optimizer, fitness_shaping_fn=shaping)
-    elif config.strategy == "SNES":
-        strategy = SNES(size, template, optimizer=optimizer)
-    elif config.strategy == "CMA_ES":
-        strategy = CMA_ES(size, template)
-    elif config.strategy == "Sep_CMA_ES":
-        strategy = Sep_CMA_ES(size, template)
-    else:  # ESConfig validates the name; this guards programmatic misuse
-        raise ConfigError(f"es.strategy: unknown strategy {config.strategy!r}")
-    params = strategy.default_params.replace(std_init=jnp.float32(config.sigma))
-    return strategy, params
+    return build_strategy(config, template)
 
 
 def _strong(tree):
@@ -201,7 +171,7 @@ class Evolution:
             key = jax.random.PRNGKey(self.config.run.seed)
         key, init_key, es_key = jax.random.split(key, 3)
         mean = self.objective.init(init_key)
-        es_state = self.strategy.init(es_key, mean, self.es_params)
+        es_state = init_search(self.config.es, self.strategy, self.es_params, es_key, mean)
         if baselines is None:
             baselines = self.config.fitness.baseline_returns or (1.0,) * len(self.config.inner)
         state = EvolutionState(
@@ -218,8 +188,9 @@ class Evolution:
         return state
 
     def mean_meta_params(self, state: EvolutionState):
-        """The current centre of the search distribution, as objective meta-parameters."""
-        return self.strategy.get_mean(state.es_state)
+        """The current centre of the search distribution, as objective meta-parameters (a
+        population-based strategy's best solution)."""
+        return search_centre(self.config.es, self.strategy, state.es_state)
 
     def generation(self, state: EvolutionState) -> tuple[EvolutionState, dict]:
         """Ask, train ``C × S`` agents per environment, score, tell. Pure; jit it.
@@ -243,7 +214,8 @@ class Evolution:
         cfg = self.config
         num_candidates, num_seeds = cfg.es.population_size, cfg.fitness.seeds_per_candidate
         key, ask_key, tell_key, *env_keys = jax.random.split(state.key, 3 + len(self.learners))
-        population, es_state = self.strategy.ask(ask_key, state.es_state, self.es_params)
+        population, es_state = ask_search(cfg.es, self.strategy, self.es_params, ask_key,
+                                          state.es_state, state.generation)
         run_keys = []
         for env_key in env_keys:
             if cfg.fitness.common_seeds:
@@ -288,8 +260,8 @@ class Evolution:
         returns, valid = scores.returns, scores.valid
         fitness, candidate_valid = combine_fitness(returns, valid, state.baselines)
         population = asked.population
-        es_state, _ = self.strategy.tell(asked.tell_key, population, -fitness, asked.es_state,
-                                         self.es_params)
+        es_state = tell_search(self.config.es, self.strategy, self.es_params, asked.tell_key,
+                               population, -fitness, asked.es_state, state.generation)
         best_index = jnp.argmax(fitness)
         improved = candidate_valid[best_index] & (fitness[best_index] > state.best_fitness)
         best_params = jax.tree.map(lambda x: x[best_index], population)
