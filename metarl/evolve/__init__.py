@@ -3,6 +3,8 @@ objective, each candidate scored by agents trained from scratch with it.
 
 One module per job, each importing only those listed before it:
 
+- :mod:`.strategies`: the evosax strategies by name, what settings reach each, and how each
+  starts, asks and is told (evosax is imported only when one is built);
 - :mod:`.config`: the experiment file's tables (objective, inner, es, fitness, run);
 - :mod:`.fitness`: training runs of candidates × seeds × environments -> one fitness each;
 - :mod:`.generation`: the jitted generation (ask, train, score, tell) and its state;
