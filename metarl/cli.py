@@ -1,7 +1,7 @@
-"""``metarl run | resume | evaluate | plot | compare | sweep | runs | devices`` — the command
-line of the toolkit, and the only module that parses arguments and chooses devices. ``run``
-starts an experiment file of any kind (:mod:`metarl.kinds`); ``resume``, ``evaluate`` and
-``plot`` read the kind of the run directory.
+"""``metarl run | resume | evaluate | plot | distill | compare | sweep | runs | devices``:
+the command line of the toolkit, and the only module that parses arguments and chooses
+devices. ``run`` starts an experiment file of any kind (:mod:`metarl.kinds`); ``resume``,
+``evaluate``, ``plot`` and ``distill`` read the kind of the run directory.
 
 Exit codes: 0 success; 2 a config or run-directory error (one line on stderr naming the
 problem, no traceback: a bad field, a directory in use or holding another run, no usable
@@ -209,6 +209,24 @@ def _plot(args) -> int:
     return 0
 
 
+def _distill(args) -> int:
+    from metarl.evolve.distill import format_distillation, write_experiment
+    from metarl.kinds import distill
+
+    if args.write_experiment is not None and args.no_fit:
+        path = write_experiment(args.run_dir, args.write_experiment, args.candidate)
+        print(f"saved {path}")
+        return 0
+    entry = distill(args.run_dir, candidate=args.candidate,
+                    max_complexity=args.max_complexity, samples=args.samples,
+                    seeds=args.seeds, total_timesteps=args.total_timesteps)
+    print(format_distillation(entry))
+    print(f"saved {', '.join([entry['path'], *entry['plots']])}")
+    if args.write_experiment is not None:
+        print(f"saved {write_experiment(args.run_dir, args.write_experiment, args.candidate)}")
+    return 0
+
+
 def _plot_quietly(run_dir) -> None:
     from metarl.kinds import plot
 
@@ -267,7 +285,8 @@ def _add_run_commands(commands) -> None:
 
 
 def _add_reading_commands(commands) -> None:
-    """``evaluate``, ``plot``, ``compare`` and ``runs``: the commands over saved runs."""
+    """``evaluate``, ``plot``, ``distill``, ``compare`` and ``runs``: the commands over saved
+    runs."""
     evaluate = commands.add_parser(
         "evaluate", help="train fresh agents with the evolved objective and baselines (a "
                          "parent of evolution seeds: every seed, and one verdict across them; "
@@ -315,6 +334,28 @@ def _add_reading_commands(commands) -> None:
     plot = commands.add_parser("plot", help="draw the learned objective and the run as PNGs")
     plot.add_argument("run_dir")
     plot.set_defaults(handler=_plot)
+
+    distill = commands.add_parser(
+        "distill", help="fit closed-form formulas to an evolution run's evolved function "
+                        "on the inputs training visits; saves distill.json, distill.tex "
+                        "and plots")
+    distill.add_argument("run_dir")
+    distill.add_argument("--candidate", default="mean", choices=("mean", "best"))
+    distill.add_argument("--max-complexity", type=int, default=6, metavar="N",
+                         help="most terms in a formula (default 6)")
+    distill.add_argument("--samples", type=int, default=20_000, metavar="N",
+                         help="recorded inputs to fit on, 20%% of them held out (default "
+                              "20000)")
+    distill.add_argument("--seeds", type=int, default=2,
+                         help="agents trained per [inner] table to record inputs (default 2)")
+    distill.add_argument("--total-timesteps", type=int, default=None,
+                         help="override those agents' budget")
+    distill.add_argument("--write-experiment", type=int, default=None, metavar="K",
+                         help="also write distilled_<candidate>_<K>.json, an experiment "
+                              "with formula K (0: the simplest) as the symbolic objective")
+    distill.add_argument("--no-fit", action="store_true",
+                         help="with --write-experiment: use the saved distill.json")
+    distill.set_defaults(handler=_distill)
 
     compare = commands.add_parser(
         "compare", help="tabulate several runs, the settings in which they differ, and draw "

@@ -22,6 +22,7 @@ Each kind describes itself with a :class:`~metarl.runs.engine.RunKind` (its modu
     robust = evaluate(result.run_dir, across={"learning_rate": [1e-4, 3e-4, 1e-3]})
     both = evaluate_together([result.run_dir, other_run], tune=True)  # baselines trained once
     plot(result.run_dir)
+    distill(result.run_dir, candidate="best")  # closed-form formulas of the evolved function
 
 An evolution experiment with ``[es] evolution_seeds = N > 1`` starts ``N`` evolutions as one
 program (:mod:`metarl.evolve.replicated`) in a parent directory of ``N`` ordinary run
@@ -234,3 +235,21 @@ def plot(run_dir: str | Path) -> list[Path]:
         return [path for seed_dir in replicate_dirs(run_dir)
                 if (seed_dir / CONFIG_FILE).is_file() for path in plot(seed_dir)]
     return kind_spec(run_kind(run_dir)).plot(run_dir)
+
+
+def distill(run_dir: str | Path, **options) -> dict[str, Any]:
+    """Fit closed-form formulas to the evolved function of the evolution run in ``run_dir``
+    and save them (:func:`metarl.evolve.distill.distill_run`, whose options it takes:
+    ``candidate``, ``max_complexity``, ``samples``, ``seeds``, ...). A parent of replicated
+    evolutions is distilled seed by seed; other kinds have no evolved function."""
+    if is_parent(run_dir):
+        names = ", ".join(str(d) for d in replicate_dirs(run_dir))
+        raise RunError(f"{run_dir} is a parent of replicated runs; distil each of them: "
+                       f"{names}")
+    kind = run_kind(run_dir)
+    if kind != EVOLVE:
+        raise RunError(f"{run_dir} is a {kind} run; only evolution runs have an evolved "
+                       "function to distil")
+    from metarl.evolve.distill import distill_run
+
+    return distill_run(run_dir, **options)
