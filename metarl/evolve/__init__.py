@@ -7,12 +7,16 @@ One module per job, each importing only those listed before it:
   starts, asks and is told (evosax is imported only when one is built);
 - :mod:`.config`: the experiment file's tables (objective, inner, es, fitness, run);
 - :mod:`.fitness`: training runs of candidates × seeds × environments -> one fitness each;
+- :mod:`.rungs`: a generation trained in rungs that stop all but the best candidates
+  (successive halving);
 - :mod:`.generation`: the jitted generation (ask, train, score, tell) and its state;
 - :mod:`.tuning`: each objective searched over its declared grid on tuning seeds (tuned
   baselines, and fitness normalised by the tuned baseline);
 - :mod:`.evaluate`: the evolved objective against baselines on held-out seeds;
 - :mod:`.report`: a run's figures (fitness, the learned loss, learning curves);
 - :mod:`.compare`: several runs side by side;
+- :mod:`.distill`: closed-form formulas fitted to a run's evolved function (``metarl
+  distill``);
 - :mod:`.kind`: the run kind the engine runs (:mod:`metarl.runs.engine`);
 - :mod:`.replicated`: ``es.evolution_seeds = N`` evolutions as one program, in a parent of
   ``N`` ordinary run directories, their resume and one verdict across them.

@@ -10,6 +10,7 @@ an objective's plot hook), which pass in what is to be drawn.
   several runs' evaluations and performance profiles;
 - :mod:`.drift`: drift functions ``D(r, A)`` and their change over training;
 - :mod:`.value_distance`: a learned value distance against L2;
+- :mod:`.distill`: distilled formulas over the network they were fitted to;
 - :mod:`.population`: PBT, CEM-RL and DvD runs;
 - :mod:`.style`: colours, figure construction, mean-and-interval bands.
 """

@@ -16,6 +16,8 @@ the modules shipped here:
 * ``"lpo"``: learned policy optimisation drift ``-mean(rA - drift(r, A))`` (:mod:`.lpo`).
 * ``"ta_lpo"``: the temporally-aware LPO drift ``drift(r, A, n/N)`` (:mod:`.ta_lpo`).
 * ``"dpo"``: the closed-form discovered drift of DPO (:mod:`.dpo`).
+* ``"symbolic"``, ``"symbolic_drift"``: a value distance or drift written as an expression,
+  e.g. one distilled from an evolved network (:mod:`.symbolic`).
 """
 
 from __future__ import annotations
