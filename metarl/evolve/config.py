@@ -118,6 +118,15 @@ class ESConfig:
             own ``config.json`` says so), and all ``N`` advance together, one compiled
             generation for ``N`` ES states (:mod:`metarl.evolve.replicated`). ``metarl
             run FILE --evolution-seeds N`` sets it.
+        rungs: candidates stopped early (successive halving, :mod:`metarl.evolve.rungs`):
+            each generation trains in ``rungs`` segments, and after each but the last only
+            the best ``ceil(C / eta^(r + 1))`` candidates by their fitness so far train on;
+            the others rank below every one that trained further. ``1`` (default): every
+            candidate trains its whole budget, today's generation.
+        eta: the factor of successive halving: rung ``r`` ends after ``U * eta^(r + 1 -
+            rungs)`` of a run's ``U`` updates, and ``1 / eta`` of its candidates go on.
+            ``1`` stops no one: every candidate trains through rungs that split its run
+            evenly, which gives the full generation bit for bit. Default 3.
     """
 
     strategy: str = "Open_ES"
@@ -132,10 +141,14 @@ class ESConfig:
     fitness_shaping: str = "centered_rank"
     evolution_seeds: int = 1
     options: dict[str, Any] = field(default_factory=dict)
+    rungs: int = 1
+    eta: int = 3
 
     def __post_init__(self):
         check_strategy(self.strategy)
         check_positive_int("es.evolution_seeds", self.evolution_seeds, ConfigError)
+        check_positive_int("es.rungs", self.rungs, ConfigError)
+        check_positive_int("es.eta", self.eta, ConfigError)
         check_choice("es.fitness_shaping", self.fitness_shaping, FITNESS_SHAPINGS, ConfigError)
         check_positive_int("es.population_size", self.population_size, ConfigError)
         check_positive_int("es.generations", self.generations, ConfigError)

@@ -35,6 +35,7 @@ from metarl.evolve.fitness import (
     run_is_valid,
     run_return,
 )
+from metarl.evolve.rungs import agent_steps, rank_below_survivors, rung_ends, train_in_rungs
 from metarl.evolve.strategies import (
     ask_search,
     build_strategy,
@@ -112,11 +113,14 @@ class Scores:
         valid: ``[C, S, E]`` whether each run stayed finite.
         hyperparameters: with ``fitness.hyperparameter_ranges``, per ranged field the
             ``[E, C, S]`` values the runs trained with; empty otherwise.
+        reached: with ``es.rungs > 1``, ``[C]`` the last rung each candidate trained in
+            (its returns are its scores there; :mod:`metarl.evolve.rungs`); else ``None``.
     """
 
     returns: jax.Array
     valid: jax.Array
     hyperparameters: dict
+    reached: jax.Array | None = None
 
 
 class Evolution:
@@ -155,15 +159,21 @@ class Evolution:
         for learner in self.learners:
             check_population_memory(learner, runs, config.run.chunk_size,
                                     1 if mesh is None else mesh.devices.size)
+        if config.es.rungs > 1:  # a schedule that leaves a rung without updates fails here
+            for learner in self.learners:
+                rung_ends(learner.num_updates, config.es.rungs, config.es.eta)
         # one traced and compiled step for every Evolution of an equal config in a process
         self.step = shared_program(program_key(config, "generation", mesh),
                                    lambda: jax.jit(self.generation))
 
     @property
     def agent_steps_per_generation(self) -> int:
+        """Environment steps one generation trains (fewer with ``es.rungs > 1``)."""
         cfg = self.config
-        per_candidate = sum(learner.steps_per_agent for learner in self.learners)
-        return cfg.es.population_size * cfg.fitness.seeds_per_candidate * per_candidate
+        return agent_steps(cfg.es.population_size, cfg.fitness.seeds_per_candidate,
+                           [learner.num_updates for learner in self.learners],
+                           [learner.steps_per_update for learner in self.learners],
+                           cfg.es.rungs, cfg.es.eta)
 
     def init(self, key: jax.Array | None = None, baselines=None) -> EvolutionState:
         """Initial state; the search starts at the objective's own initialisation."""
@@ -203,7 +213,8 @@ class Evolution:
         metrics hold ``hyperparameters``: per ranged field the ``[E, 2]`` smallest and
         largest value drawn on each environment."""
         asked = self.ask(state)
-        state, metrics = self.tell(state, asked, self.score(asked.population, asked.run_keys))
+        scores = self.score(asked.population, asked.run_keys, state.baselines[None])
+        state, metrics = self.tell(state, asked, scores)
         if self.mesh is not None:  # every process of a multi-host run can read the results
             state, metrics = replicate((state, metrics), self.mesh)
         return state, metrics
@@ -228,27 +239,36 @@ class Evolution:
         return Asked(population=population, es_state=es_state, key=key, tell_key=tell_key,
                      run_keys=jnp.stack(run_keys))
 
-    def score(self, population, run_keys: jax.Array) -> Scores:
+    def score(self, population, run_keys: jax.Array, baselines: jax.Array) -> Scores:
         """Train every candidate of ``population`` (leading axis ``[P]``) on its keys
         ``run_keys [E, P, S, 2]`` with each environment's learner, all ``P * S`` runs of an
         environment in one call of :func:`~metarl.evolve.fitness.evaluate_candidates`
         (chunked and sharded there). ``P`` is ``C`` for one evolution and ``N * C`` for
-        ``N`` evolved together: every run depends on its own candidate and key only."""
+        ``N`` evolved together (evolution-major), with ``baselines [N, E]``. Without rungs
+        every run depends on its own candidate and key only; with ``es.rungs > 1`` the
+        candidates of each evolution train in rungs and compete within it
+        (:func:`metarl.evolve.rungs.train_in_rungs`, which reads the baselines)."""
         cfg = self.config
-        returns, valid, ranged = [], [], {name: [] for name in cfg.fitness.hyperparameter_ranges}
-        for learner, keys in zip(self.learners, run_keys, strict=True):
-            hypers = draw_hyperparameters(keys, learner.default_hypers, cfg.fitness)
+        hypers = [draw_hyperparameters(keys, learner.default_hypers, cfg.fitness)
+                  for learner, keys in zip(self.learners, run_keys, strict=True)]
+        ranged = {name: jnp.stack([getattr(h, name) for h in hypers])
+                  for name in cfg.fitness.hyperparameter_ranges}
+        if cfg.es.rungs > 1:
+            returns, valid, reached = train_in_rungs(
+                self.learners, population, run_keys, hypers, cfg.fitness, baselines,
+                baselines.shape[0], cfg.es.rungs, cfg.es.eta, cfg.run.chunk_size, self.mesh)
+            return Scores(returns=returns, valid=valid, hyperparameters=ranged,
+                          reached=reached)
+        returns, valid = [], []
+        for learner, keys, env_hypers in zip(self.learners, run_keys, hypers, strict=True):
             env_returns, env_valid, _ = evaluate_candidates(
-                learner.train, population, keys, hypers, cfg.fitness,
+                learner.train, population, keys, env_hypers, cfg.fitness,
                 cfg.run.chunk_size, self.mesh,
             )
-            for name, values in ranged.items():
-                values.append(getattr(hypers, name))
             returns.append(env_returns)
             valid.append(env_valid)
         return Scores(returns=jnp.stack(returns, axis=-1), valid=jnp.stack(valid, axis=-1),
-                      hyperparameters={name: jnp.stack(values)
-                                       for name, values in ranged.items()})
+                      hyperparameters=ranged)
 
     def tell(self, state: EvolutionState, asked: Asked, scores: Scores
              ) -> tuple[EvolutionState, dict]:
@@ -259,6 +279,8 @@ class Evolution:
         here, once."""
         returns, valid = scores.returns, scores.valid
         fitness, candidate_valid = combine_fitness(returns, valid, state.baselines)
+        if scores.reached is not None:
+            fitness = rank_below_survivors(fitness, scores.reached, self.config.es.rungs)
         population = asked.population
         es_state = tell_search(self.config.es, self.strategy, self.es_params, asked.tell_key,
                                population, -fitness, asked.es_state, state.generation)
@@ -283,6 +305,8 @@ class Evolution:
             "invalid_runs": jnp.sum(~valid),
             "best_fitness": state.best_fitness,
         }
+        if scores.reached is not None:
+            metrics["rung_reached"] = scores.reached
         if scores.hyperparameters:  # [E, 2]: the smallest and largest value drawn
             metrics["hyperparameters"] = {
                 name: jnp.stack([jnp.min(values, axis=(1, 2)), jnp.max(values, axis=(1, 2))],

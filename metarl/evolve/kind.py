@@ -119,12 +119,19 @@ class EvolveProgram:
         """The ``metrics.jsonl`` line of ``generation``: every candidate's fitness and
         validity, their statistics, the best so far and each environment's mean return
         (with ``fitness.hyperparameter_ranges`` also ``hyperparameters``: per field and
-        environment the smallest and largest value the runs drew)."""
+        environment the smallest and largest value the runs drew). With ``es.rungs > 1``
+        also ``rung_reached`` per candidate; ``fitness`` is then what the strategy was told
+        (:func:`metarl.evolve.rungs.rank_below_survivors`) and the statistics and mean
+        returns are those of the candidates that trained the whole budget."""
         metrics = jax.device_get(record["metrics"])
         fitness = np.asarray(metrics["fitness"], np.float64)
         drawn = metrics.get("hyperparameters") or {}
         valid = np.asarray(metrics["valid"], bool)
-        good = fitness[valid]
+        reached = metrics.get("rung_reached")
+        # with rungs, the statistics are of the candidates that trained the whole budget
+        full = valid if reached is None else valid & (np.asarray(reached) ==
+                                                      self.config.es.rungs - 1)
+        good = fitness[full]
 
         def stat(fn):
             return float(fn(good)) if good.size else math.nan
@@ -140,10 +147,11 @@ class EvolveProgram:
             "invalid_candidates": int((~valid).sum()),
             "invalid_runs": int(metrics["invalid_runs"]),
             "mean_return": {
-                inner.env_id: (float(np.nanmean(metrics["returns"][:, e])) if valid.any()
+                inner.env_id: (float(np.nanmean(metrics["returns"][full, e])) if full.any()
                                else None)
                 for e, inner in enumerate(self.config.inner)
             },
+            **({"rung_reached": [int(r) for r in reached]} if reached is not None else {}),
             "devices": num_shards(self.mesh),
             **({"hyperparameters": {  # fitness.hyperparameter_ranges: [min, max] drawn
                 name: {inner.env_id: [float(v) for v in values[e]]

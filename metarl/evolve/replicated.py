@@ -154,10 +154,12 @@ class ReplicatedEvolution:
                                   asked.population)
         run_keys = jnp.swapaxes(asked.run_keys, 0, 1)  # [E, N, C, S, 2]
         run_keys = run_keys.reshape(run_keys.shape[0], count * candidates, *run_keys.shape[3:])
-        scores = evolution.score(population, run_keys)
+        scores = evolution.score(population, run_keys, states.baselines)
         scores = scores.replace(
             returns=scores.returns.reshape(count, candidates, *scores.returns.shape[1:]),
             valid=scores.valid.reshape(count, candidates, *scores.valid.shape[1:]),
+            reached=None if scores.reached is None else scores.reached.reshape(count,
+                                                                               candidates),
             hyperparameters={  # [E, N*C, S] -> [N, E, C, S]
                 name: jnp.swapaxes(values.reshape(values.shape[0], count, candidates,
                                                   values.shape[-1]), 0, 1)
