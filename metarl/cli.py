@@ -78,7 +78,7 @@ EVOLVE_ONLY_OPTIONS = (  # (flag, keyword of evaluate_run, default on the comman
     ("--which", "which", "mean"), ("--total-timesteps", "total_timesteps", None),
     ("--tune", "tune", False), ("--tune-seeds", "tune_seeds", 8),
     ("--tune-seed", "tune_seed", DEFAULT_TUNE_SEED), ("--tune-grid", "tune_grid", []),
-    ("--across", "across", None))
+    ("--across", "across", None), ("--distilled", "distilled", []))
 
 
 def _evaluate(args) -> int:
@@ -302,6 +302,11 @@ def _add_reading_commands(commands) -> None:
     evaluate.add_argument("--baselines", default=None,
                           help="comma-separated fixed objectives (default: those the "
                                "objective declares that fit the run's algorithm)")
+    evaluate.add_argument("--distilled", type=int, action="append", default=[],
+                          metavar="K",
+                          help="also train formula K of the run's distill.json (metarl "
+                               "distill) for the evaluated candidate as a fixed objective, "
+                               "judged against the network it came from (repeatable)")
     evaluate.add_argument("--which", default="mean", choices=("mean", "best"),
                           help="evaluate the search mean (default) or the best candidate")
     evaluate.add_argument("--eval-seed", type=int, default=10_007)

@@ -157,6 +157,22 @@ def test_cli_distills_a_run_and_writes_an_experiment_of_its_formula(tmp_path, ca
     assert experiment.objective.name == "symbolic"
     assert experiment.objective.options["value"] == entry["formulas"][0]["expression"]
 
+    # the formula is judged against the network it came from on the same held-out seeds
+    last = len(entry["formulas"]) - 1
+    code = main(["evaluate", str(run), "--seeds", "2", "--baselines", "l2",
+                 "--total-timesteps", "512", "--distilled", str(last)])
+    assert code == 0, capsys.readouterr().err
+    record = json.loads(sorted((run / "evaluations").glob("*.json"))[-1].read_text())
+    label = f"distilled {last}"
+    assert [r["objective"] for r in record["results"]] == ["evolved", "l2", label]
+    assert record["spec"]["distilled"] == {label: {"value": entry["formulas"][-1][
+        "expression"]}}
+    comparisons = record["statistics"]["environments"]["CartPole-v1"]["comparisons"]
+    assert {(c["evolved"], c["baseline"]) for c in comparisons} == {("evolved", "l2"),
+                                                                   ("evolved", label)}
+    assert main(["evaluate", str(run), "--seeds", "2", "--distilled", "99"]) == 2
+    assert "formula 99 does not exist" in capsys.readouterr().err
+
 
 def test_cli_distill_errors_name_the_problem(tmp_path, capsys):
     assert main(["distill", str(tmp_path)]) == 2

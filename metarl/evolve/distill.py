@@ -531,10 +531,16 @@ def _save(fig, path: Path) -> Path:
     return path
 
 
-def write_experiment(run_dir: str | Path, number: int, candidate: str = "mean") -> Path:
-    """An experiment file training formula ``number`` of ``distill.json`` (the candidate's
-    list, simplest first) as the ``symbolic`` (or ``symbolic_drift``) objective with the
-    run's other settings: ``distilled_<candidate>_<number>.json`` in the run directory."""
+def distilled_objective(run_dir: str | Path, number: int, candidate: str = "mean"
+                        ) -> dict[str, Any]:
+    """Formula ``number`` of ``distill.json`` (the candidate's list, simplest first) as an
+    ``[objective]`` table: ``{"name": "symbolic", "options": {"value": ...}}`` for a value
+    distance, ``symbolic_drift`` with ``drift`` for a drift.
+
+    Raises:
+        RunError: the run has no distillation of ``candidate``.
+        ConfigError: no formula ``number``.
+    """
     run_dir = Path(run_dir)
     saved = read_json(run_dir / DISTILL_FILE, default=None)
     entry = ((saved or {}).get("candidates") or {}).get(candidate)
@@ -544,17 +550,29 @@ def write_experiment(run_dir: str | Path, number: int, candidate: str = "mean") 
     formulas = entry["formulas"]
     if isinstance(number, bool) or not isinstance(number, int) or not (
             0 <= number < len(formulas)):
-        raise ConfigError(f"--write-experiment: formula {number!r} does not exist; the "
-                          f"{candidate} candidate has formulas 0 to {len(formulas) - 1}")
+        raise ConfigError(f"formula {number!r} does not exist; the {candidate} candidate "
+                          f"of {run_dir} has formulas 0 to {len(formulas) - 1}")
+    expression = formulas[number]["expression"]
+    if entry["variables"] == list(VALUE_VARIABLES):
+        return {"name": "symbolic", "options": {"value": expression}}
+    return {"name": "symbolic_drift", "options": {"drift": expression}}
+
+
+def write_experiment(run_dir: str | Path, number: int, candidate: str = "mean") -> Path:
+    """An experiment file training formula ``number`` of ``distill.json`` (the candidate's
+    list, simplest first) as the ``symbolic`` (or ``symbolic_drift``) objective with the
+    run's other settings: ``distilled_<candidate>_<number>.json`` in the run directory."""
+    run_dir = Path(run_dir)
+    try:
+        symbolic = distilled_objective(run_dir, number, candidate)
+    except ConfigError as error:
+        raise ConfigError(f"--write-experiment: {error}") from None
+    expression = next(iter(symbolic["options"].values()))
     data = read_config(run_dir, config_from_dict).to_dict()
-    symbolic = ({"name": "symbolic", "options": {"value": formulas[number]["expression"]}}
-                if entry["variables"] == list(VALUE_VARIABLES) else
-                {"name": "symbolic_drift",
-                 "options": {"drift": formulas[number]["expression"]}})
     data["objective"] = symbolic
     data["name"] = f"{data.get('name', 'run')}-distilled-{candidate}-{number}"
     data["description"] = (f"formula {number} distilled from the {candidate} candidate of "
-                           f"{run_dir}: {formulas[number]['expression']}")
+                           f"{run_dir}: {expression}")
     config_from_dict(data)  # it must validate as an experiment
     path = run_dir / f"distilled_{candidate}_{number}.json"
     write_json(path, data, run_dir=run_dir)

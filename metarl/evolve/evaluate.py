@@ -26,6 +26,7 @@ from inner_loops.registry import algorithm_of
 from metarl.config import ConfigError, inner_to_dict
 from metarl.evolve import tuning
 from metarl.evolve.config import ExperimentConfig, FitnessConfig, config_from_dict
+from metarl.evolve.distill import distilled_objective
 from metarl.evolve.fitness import run_is_valid, run_return
 from metarl.evolve.generation import build_learner
 from metarl.evolve.tuning import DEFAULT_TUNE_SEED, DEFAULT_TUNE_SEEDS
@@ -207,7 +208,8 @@ def evaluate_run(run_dir: str | Path, env_ids: list[str] | None = None, seeds: i
                  rerun: bool = False, tune: bool = False,
                  tune_seeds: int = DEFAULT_TUNE_SEEDS, tune_seed: int = DEFAULT_TUNE_SEED,
                  tune_grid: Mapping[str, Sequence[float]] | None = None,
-                 across: Mapping[str, Sequence[float]] | None = None, *,
+                 across: Mapping[str, Sequence[float]] | None = None,
+                 distilled: Sequence[int] = (), *,
                  baseline_cache: dict[str, Any] | None = None) -> dict[str, Any]:
     """Evaluate a run's evolved objective against baselines; saves ``evaluations/<n>.json``.
 
@@ -257,6 +259,12 @@ def evaluate_run(run_dir: str | Path, env_ids: list[str] | None = None, seeds: i
         across: one traced hyperparameter of the algorithm -> at least 2 values to
             evaluate every objective at (absolute values; see above). ``None``: no
             evaluation across a knob.
+        distilled: formula numbers of the run's ``distill.json`` for the ``which``
+            candidate (:mod:`metarl.evolve.distill`); each is trained as a fixed
+            objective on the same held-out seeds, row ``"distilled <k>"`` after the
+            baselines, and judged against the network it came from (the evolved row) as a
+            baseline is. Formulas are evaluated at the run's setting only: they are not
+            tuned, nor trained across a knob.
         baseline_cache: a dict shared by evaluations of several runs of one experiment
             (the seeds of replicated evolution, :mod:`metarl.evolve.replicated`): what the
             baselines trained (held-out rows, tuning, points across a knob) is kept there
@@ -288,6 +296,8 @@ def evaluate_run(run_dir: str | Path, env_ids: list[str] | None = None, seeds: i
             raise ConfigError(f"baselines: objective {name!r} does not fit algorithm "
                               f"{algorithm_of(config.inner[0]).name!r}")
     not_reported = _not_reported(config.objective.name, baselines, config.inner[0])
+    formulas = {f"distilled {number}": distilled_objective(run_dir, number, which)
+                for number in dict.fromkeys(distilled)}
     by_env = {inner.env_id: inner for inner in config.inner}
     env_ids = env_ids or list(by_env)
     inners = []
@@ -304,6 +314,8 @@ def evaluate_run(run_dir: str | Path, env_ids: list[str] | None = None, seeds: i
         "meta_params": which,
         "meta_params_sha256": hashlib.sha256(meta_path.read_bytes()).hexdigest(),
         "baselines": list(baselines),
+        **({"distilled": {label: table["options"] for label, table in formulas.items()}}
+           if formulas else {}),
         "fitness": {"metric": config.fitness.metric,
                     "final_fraction": config.fitness.final_fraction},
     }
@@ -328,6 +340,11 @@ def evaluate_run(run_dir: str | Path, env_ids: list[str] | None = None, seeds: i
                                     lambda name=name, inner=inner: _evaluate_baseline(
                                         name, inner, config.fitness, seeds, eval_seed)))
             results += rows
+            for label, table in formulas.items():
+                formula = make_objective(table["name"], **table["options"])
+                results.append(evaluate_objective(formula, formula.init(jax.random.PRNGKey(0)),
+                                                  inner, config.fitness, seeds, eval_seed,
+                                                  label))
             if tune:
                 records[inner.env_id] = {}
                 for row, plan in zip(rows, plans[inner.env_id].values(), strict=True):
