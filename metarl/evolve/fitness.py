@@ -10,7 +10,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from inner_loops.population import AUTO, ChunkSize, broadcast_to_population
+from inner_loops.population import AUTO, ChunkSize
 from metarl.evolve.config import FitnessConfig
 from metarl.population.priors import sample
 from metarl.sharding import train_population
@@ -96,18 +96,23 @@ def evaluate_candidates(
     per-update summaries ``[C, S, U]``.
     """
     num_candidates, num_seeds = keys.shape[:2]
-    runs = num_candidates * num_seeds
-    flat_meta = jax.tree.map(lambda x: jnp.repeat(x, num_seeds, axis=0), meta_params)
-    flat_keys = keys.reshape(runs, *keys.shape[2:])
-    if all(jnp.ndim(x) == 0 for x in jax.tree.leaves(hypers)):
-        flat_hypers = broadcast_to_population(hypers, runs)
-    else:
-        flat_hypers = jax.tree.map(lambda x: jnp.broadcast_to(x, keys.shape[:2]).reshape(runs),
-                                   hypers)
+    flat_keys = keys.reshape(num_candidates * num_seeds, *keys.shape[2:])
+    flat_meta, flat_hypers = runs_of(meta_params, hypers, num_candidates, num_seeds)
     metrics = train_population(train, flat_keys, flat_meta, flat_hypers, chunk_size, mesh)
     metrics = jax.tree.map(lambda x: x.reshape(num_candidates, num_seeds, *x.shape[1:]), metrics)
     returns = run_return(metrics, config)
     return returns, run_is_valid(metrics, returns), metrics
+
+
+def runs_of(meta_params, hypers, num_candidates: int, num_seeds: int):
+    """What each of ``C * S`` training runs (candidate-major) trains with:
+    ``(meta_params [C * S], hypers [C * S])`` from candidates' ``meta_params [C]`` and
+    hyperparameters that are scalars shared by every run or ``[C, S]`` arrays."""
+    runs = num_candidates * num_seeds
+    flat_meta = jax.tree.map(lambda x: jnp.repeat(x, num_seeds, axis=0), meta_params)
+    flat_hypers = jax.tree.map(
+        lambda x: jnp.broadcast_to(x, (num_candidates, num_seeds)).reshape(runs), hypers)
+    return flat_meta, flat_hypers
 
 
 def combine_fitness(

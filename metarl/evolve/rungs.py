@@ -38,9 +38,8 @@ from collections.abc import Sequence
 import jax
 import jax.numpy as jnp
 
-from inner_loops.population import broadcast_to_population
 from metarl.config import ConfigError
-from metarl.evolve.fitness import combine_fitness, run_is_valid, run_return
+from metarl.evolve.fitness import combine_fitness, run_is_valid, run_return, runs_of
 from metarl.sharding import advance_population, init_population
 
 
@@ -159,12 +158,14 @@ def train_in_rungs(learners, population, run_keys: jax.Array, hypers: Sequence, 
     for rung, count in enumerate(kept):
         rows = (jnp.arange(groups)[:, None] * num_candidates + alive).reshape(-1)  # [G*K]
         runs = rows.size * num_seeds
-        meta = jax.tree.map(lambda x, rows=rows: jnp.repeat(x[rows], num_seeds, axis=0),
-                            population)
         for env, learner in enumerate(learners):
             start = 0 if rung == 0 else ends[env][rung - 1]
             steps = ends[env][rung] - start
-            env_hypers = _runs_of(hypers[env], rows, runs)
+            # per-run hyperparameters ([P, S]) of the candidates still training
+            gathered = jax.tree.map(lambda x, rows=rows: x[rows] if jnp.ndim(x) else x,
+                                    hypers[env])
+            meta, env_hypers = runs_of(jax.tree.map(lambda x, rows=rows: x[rows], population),
+                                       gathered, rows.size, num_seeds)
             if rung == 0:
                 keys = run_keys[env][rows].reshape(runs, *run_keys.shape[3:])
                 states[env] = init_population(learner, keys, meta, env_hypers, chunk_size,
@@ -201,10 +202,3 @@ def train_in_rungs(learners, population, run_keys: jax.Array, hypers: Sequence, 
     valid = jnp.stack([score[1] for score in rung_scores])[reached, candidates]
     return returns, valid, reached
 
-
-def _runs_of(hypers, rows: jax.Array, runs: int):
-    """The hyperparameters of the runs of candidates ``rows``: scalars broadcast to
-    ``[runs]``, ``[P, S]`` arrays gathered and flattened."""
-    if all(jnp.ndim(x) == 0 for x in jax.tree.leaves(hypers)):
-        return broadcast_to_population(hypers, runs)
-    return jax.tree.map(lambda x: x[rows].reshape(runs), hypers)
