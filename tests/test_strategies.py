@@ -8,6 +8,7 @@ candidate by its first meta-parameter (objective ``test_scalar``, 2 meta-paramet
 import inspect
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.flatten_util import ravel_pytree
@@ -16,7 +17,13 @@ from test_evolution import UPDATES, _score_is_first_meta_param, stand_in_learner
 from metarl.config import ConfigError
 from metarl.evolve.config import config_from_dict
 from metarl.evolve.generation import Evolution
-from metarl.evolve.strategies import EXCLUDED, POPULATION, STRATEGIES, available_strategies
+from metarl.evolve.strategies import (
+    EXCLUDED,
+    POPULATION,
+    STRATEGIES,
+    available_strategies,
+    build_strategy,
+)
 
 # XLA's cheapest code generation: a generation program per strategy compiles here, and
 # what is checked is what each computes, not how fast it runs (about 3x less compile time)
@@ -83,9 +90,9 @@ def test_an_unknown_strategy_lists_every_name_and_an_excluded_one_says_why():
     with pytest.raises(ConfigError, match=r"es\.strategy: got 'Nope_ES'; allowed: Open_ES, "
                                           r"SNES, .*DifferentialEvolution.*SimpleGA"):
         _config("Nope_ES")
-    with pytest.raises(ConfigError, match=r"es\.strategy: PersistentES is not offered: .*"
-                                          r"truncated.*; allowed: Open_ES"):
-        _config("PersistentES")
+    with pytest.raises(ConfigError, match=r"es\.strategy: GuidedES is not offered: .*"
+                                          r"surrogate gradients.*; allowed: Open_ES"):
+        _config("GuidedES")
 
 
 @pytest.mark.parametrize(("strategy", "options", "message"), [
@@ -127,9 +134,19 @@ def test_options_reach_the_strategy_and_survive_the_saved_config():
     assert params.elitism is False
 
 
+def test_sigma_without_decay_stays_sigma():
+    """``sigma_decay = 1`` keeps ``sigma`` (optax would read the ``sigma_min`` floor of a
+    decaying schedule as a ceiling there and sample at ``sigma_min``)."""
+    for decay, expected in ((1.0, [0.3, 0.3]), (0.5, [0.3, 0.15])):
+        strategy, _ = build_strategy(_config(sigma_decay=decay, sigma_min=0.01).es,
+                                     {"scale": jnp.zeros(2)})
+        assert [float(strategy.std_schedule(g)) for g in (0, 1)] == pytest.approx(expected)
+
+
 def test_the_table_agrees_with_evosax():
     """Every evosax strategy is offered or excluded with a reason; each offered one's
-    options are the scalar fields of its ``default_params`` but ``std_init``, and its
+    options are the scalar fields of its ``default_params`` but ``std_init`` (and a
+    truncated strategy's ``T`` and ``K``, which ``es.truncations`` sets), and its
     constructor takes what its spec says the common settings build."""
     from evosax import algorithms
 
@@ -147,9 +164,11 @@ def test_the_table_agrees_with_evosax():
                   if spec.family == POPULATION else algorithms.distribution_based_algorithms)
         assert cls in family.values(), name
         params = cls(8, template).default_params
+        set_here = {"T", "K"} if spec.truncated else set()  # from es.truncations
         scalars = {field: type(value) for field, value in vars(params).items()
-                   if field != "std_init" and (isinstance(value, bool | int | float)
-                                               or getattr(value, "shape", None) == ())}
+                   if field != "std_init" and field not in set_here
+                   and (isinstance(value, bool | int | float)
+                        or getattr(value, "shape", None) == ())}
         assert set(spec.options) == set(scalars), name
         for field, kind in spec.options.items():
             if kind is not float:

@@ -44,6 +44,7 @@ from metarl.config import (
     plain,
     refuse_tables,
 )
+from metarl.evolve.strategies import STRATEGIES as STRATEGY_SPECS
 from metarl.evolve.strategies import available_strategies, check_es_table, check_strategy
 from metarl.population.priors import Prior, hyperparameter_fields
 
@@ -127,6 +128,12 @@ class ESConfig:
             rungs)`` of a run's ``U`` updates, and ``1 / eta`` of its candidates go on.
             ``1`` stops no one: every candidate trains through rungs that split its run
             evenly, which gives the full generation bit for bit. Default 3.
+        truncations: truncated evolution (:mod:`metarl.evolve.truncation`): every training
+            run is cut into this many truncations of equal length, and the meta-parameters
+            update after each; agents carry over and start again from scratch after the
+            last. A generation is then one truncation. Needs ``PersistentES`` or
+            ``NoiseReuseES`` and ``fitness.metric = "mean_return"``; not with ``rungs > 1``
+            or ``evolution_seeds > 1``. ``1`` (default): every generation trains whole runs.
     """
 
     strategy: str = "Open_ES"
@@ -143,9 +150,24 @@ class ESConfig:
     options: dict[str, Any] = field(default_factory=dict)
     rungs: int = 1
     eta: int = 3
+    truncations: int = 1
 
     def __post_init__(self):
         check_strategy(self.strategy)
+        check_positive_int("es.truncations", self.truncations, ConfigError)
+        if self.truncations > 1:
+            if not STRATEGY_SPECS[self.strategy].truncated:
+                truncated = [name for name, spec in STRATEGY_SPECS.items() if spec.truncated]
+                raise ConfigError(
+                    f"es.truncations: {self.strategy} scores whole training runs; truncated "
+                    f"evolution needs a strategy that estimates from truncated unrolls: "
+                    f"{', '.join(truncated)}")
+            if self.rungs > 1:
+                raise ConfigError("es.truncations: not combined with es.rungs > 1 (rungs stop "
+                                  "candidates within whole runs); choose one of the two")
+            if self.evolution_seeds > 1:
+                raise ConfigError("es.truncations: not yet run with es.evolution_seeds > 1; "
+                                  "start one run per seed (run.seed) instead")
         check_positive_int("es.evolution_seeds", self.evolution_seeds, ConfigError)
         check_positive_int("es.rungs", self.rungs, ConfigError)
         check_positive_int("es.eta", self.eta, ConfigError)
@@ -325,6 +347,12 @@ class ExperimentConfig:
                 f"{len(self.inner)} [[inner]] environments"
             )
         check_ranges_fit(self.fitness.hyperparameter_ranges, self.inner)
+        if self.es.truncations > 1 and self.fitness.metric != "mean_return":
+            raise ConfigError(
+                f"fitness.metric: truncated evolution (es.truncations = "
+                f"{self.es.truncations}) scores each truncation on its own, which sums to "
+                f"mean_return over a run; {self.fitness.metric!r} scores the run's end "
+                "alone. Use \"mean_return\"")
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-JSON form that :func:`config_from_dict` reads back to an equal config."""

@@ -43,6 +43,13 @@ from metarl.evolve.strategies import (
     search_centre,
     tell_search,
 )
+from metarl.evolve.truncation import (
+    TruncationState,
+    advance_unroll,
+    empty_truncation_state,
+    train_truncation,
+    truncation_updates,
+)
 from metarl.programs import program_key, shared_program
 from metarl.sharding import population_mesh, put_replicated, replicate
 
@@ -75,6 +82,8 @@ class EvolutionState:
         best_meta_params: the meta-parameters that scored ``best_fitness``.
         baselines: ``[E]`` return of the algorithm's own losses per environment, used for
             normalisation (ones when off).
+        truncation: with ``es.truncations > 1`` the agents carried between truncations
+            (:class:`~metarl.evolve.truncation.TruncationState`); ``None`` otherwise.
     """
 
     es_state: Any
@@ -83,6 +92,7 @@ class EvolutionState:
     best_fitness: jax.Array
     best_meta_params: Any
     baselines: jax.Array
+    truncation: TruncationState | None = None
 
 
 @struct.dataclass
@@ -162,6 +172,8 @@ class Evolution:
         if config.es.rungs > 1:  # a schedule that leaves a rung without updates fails here
             for learner in self.learners:
                 rung_ends(learner.num_updates, config.es.rungs, config.es.eta)
+        self.truncation_updates = (truncation_updates(self.learners, config.es.truncations)
+                                   if config.es.truncations > 1 else None)
         # one traced and compiled step for every Evolution of an equal config in a process
         self.step = shared_program(program_key(config, "generation", mesh),
                                    lambda: jax.jit(self.generation))
@@ -170,6 +182,10 @@ class Evolution:
     def agent_steps_per_generation(self) -> int:
         """Environment steps one generation trains (fewer with ``es.rungs > 1``)."""
         cfg = self.config
+        if self.truncation_updates is not None:  # one truncation of every agent
+            return agent_steps(cfg.es.population_size, cfg.fitness.seeds_per_candidate,
+                               self.truncation_updates,
+                               [learner.steps_per_update for learner in self.learners], 1, 1)
         return agent_steps(cfg.es.population_size, cfg.fitness.seeds_per_candidate,
                            [learner.num_updates for learner in self.learners],
                            [learner.steps_per_update for learner in self.learners],
@@ -192,6 +208,11 @@ class Evolution:
             best_meta_params=mean,
             baselines=jnp.asarray(baselines, jnp.float32),
         )
+        if self.truncation_updates is not None:
+            asked = self.ask(state)
+            state = state.replace(truncation=empty_truncation_state(
+                self.learners, asked.population, asked.run_keys,
+                self._hypers(asked.run_keys)))
         state = _strong(state)
         if self.mesh is not None:  # the placement every generation returns: compile once
             state = put_replicated(state, self.mesh)
@@ -211,7 +232,12 @@ class Evolution:
         With ``fitness.hyperparameter_ranges`` every run trains at hyperparameters drawn
         from its own key (:func:`~metarl.evolve.fitness.draw_hyperparameters`), and the
         metrics hold ``hyperparameters``: per ranged field the ``[E, 2]`` smallest and
-        largest value drawn on each environment."""
+        largest value drawn on each environment.
+
+        With ``es.truncations > 1`` a generation is one truncation
+        (:meth:`truncated_generation`)."""
+        if self.truncation_updates is not None:
+            return self.truncated_generation(state)
         asked = self.ask(state)
         scores = self.score(asked.population, asked.run_keys, state.baselines[None])
         state, metrics = self.tell(state, asked, scores)
@@ -249,8 +275,7 @@ class Evolution:
         candidates of each evolution train in rungs and compete within it
         (:func:`metarl.evolve.rungs.train_in_rungs`, which reads the baselines)."""
         cfg = self.config
-        hypers = [draw_hyperparameters(keys, learner.default_hypers, cfg.fitness)
-                  for learner, keys in zip(self.learners, run_keys, strict=True)]
+        hypers = self._hypers(run_keys)
         ranged = {name: jnp.stack([getattr(h, name) for h in hypers])
                   for name in cfg.fitness.hyperparameter_ranges}
         if cfg.es.rungs > 1:
@@ -269,6 +294,51 @@ class Evolution:
             valid.append(env_valid)
         return Scores(returns=jnp.stack(returns, axis=-1), valid=jnp.stack(valid, axis=-1),
                       hyperparameters=ranged)
+
+    def _hypers(self, run_keys: jax.Array) -> list:
+        """Per environment the hyperparameters of the runs of ``run_keys [E, P, S, 2]``
+        (:func:`~metarl.evolve.fitness.draw_hyperparameters`)."""
+        return [draw_hyperparameters(keys, learner.default_hypers, self.config.fitness)
+                for learner, keys in zip(self.learners, run_keys, strict=True)]
+
+    def truncated_generation(self, state: EvolutionState) -> tuple[EvolutionState, dict]:
+        """One truncation (:mod:`metarl.evolve.truncation`): ask, advance every carried
+        agent ``K`` updates (new agents at an unroll's first truncation), tell each
+        candidate's fitness on those updates. Pure; jit it.
+
+        ``best_fitness`` is here the population's mean fitness per truncation over a whole
+        unroll, the best unroll so far, and ``best_meta_params`` the search centre at the
+        end of that unroll: a perturbed candidate trains only ``K`` updates, so no single
+        candidate has a whole run's score. The metrics add ``truncation``, the truncation
+        just trained (``0 .. M-1``), and ``unroll_fitness``, that mean once an unroll
+        ends (NaN before)."""
+        cfg = self.config
+        asked = self.ask(state)
+        carried, returns, valid = train_truncation(
+            self.learners, asked.population, asked.run_keys, state.truncation,
+            self.truncation_updates, cfg.fitness, cfg.run.chunk_size, self.mesh)
+        trained = state.truncation.truncation
+        scores = Scores(returns=returns, valid=valid, hyperparameters={
+            name: jnp.stack([getattr(h, name) for h in self._hypers(carried.run_keys)])
+            for name in cfg.fitness.hyperparameter_ranges})
+        told, metrics = self.tell(state, asked, scores)
+        fitness = jnp.where(metrics["valid"], metrics["fitness"], jnp.nan)
+        mean_fitness = jnp.where(jnp.any(metrics["valid"]), jnp.nanmean(fitness), 0.0)
+        unroll = (carried.unroll_fitness + mean_fitness) / cfg.es.truncations
+        carried, finished = advance_unroll(carried, mean_fitness, cfg.es.truncations)
+        # the tell tracked single candidates; with truncations whole unrolls compare
+        improved = finished & (unroll > state.best_fitness)
+        centre = self.mean_meta_params(told)
+        state = told.replace(
+            truncation=carried,
+            best_fitness=jnp.where(improved, unroll, state.best_fitness),
+            best_meta_params=jax.tree.map(lambda new, old: jnp.where(improved, new, old),
+                                          centre, state.best_meta_params))
+        metrics = {**metrics, "best_fitness": state.best_fitness, "truncation": trained,
+                   "unroll_fitness": jnp.where(finished, unroll, jnp.nan)}
+        if self.mesh is not None:
+            state, metrics = replicate((state, metrics), self.mesh)
+        return state, metrics
 
     def tell(self, state: EvolutionState, asked: Asked, scores: Scores
              ) -> tuple[EvolutionState, dict]:
@@ -297,6 +367,7 @@ class Evolution:
                 state.best_meta_params,
             ),
             baselines=state.baselines,
+            truncation=state.truncation,
         )
         metrics = {
             "fitness": fitness,

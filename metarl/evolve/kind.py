@@ -122,7 +122,11 @@ class EvolveProgram:
         environment the smallest and largest value the runs drew). With ``es.rungs > 1``
         also ``rung_reached`` per candidate; ``fitness`` is then what the strategy was told
         (:func:`metarl.evolve.rungs.rank_below_survivors`) and the statistics and mean
-        returns are those of the candidates that trained the whole budget."""
+        returns are those of the candidates that trained the whole budget. With
+        ``es.truncations > 1`` (:mod:`metarl.evolve.truncation`) a line is one truncation:
+        the fitness and returns are the truncation's, ``truncation`` says which, and
+        ``unroll_fitness`` the population's mean fitness per truncation over the unroll it
+        ended (``null`` mid-unroll); ``best_fitness_so_far`` is the best unroll's."""
         metrics = jax.device_get(record["metrics"])
         fitness = np.asarray(metrics["fitness"], np.float64)
         drawn = metrics.get("hyperparameters") or {}
@@ -152,6 +156,9 @@ class EvolveProgram:
                 for e, inner in enumerate(self.config.inner)
             },
             **({"rung_reached": [int(r) for r in reached]} if reached is not None else {}),
+            **({"truncation": int(metrics["truncation"]),
+                "unroll_fitness": _number_or_none(metrics["unroll_fitness"])}
+               if "truncation" in metrics else {}),
             "devices": num_shards(self.mesh),
             **({"hyperparameters": {  # fitness.hyperparameter_ranges: [min, max] drawn
                 name: {inner.env_id: [float(v) for v in values[e]]
@@ -175,6 +182,11 @@ class EvolveProgram:
         return {"best": f"{line['best_fitness']:.4g}", "mean": f"{line['mean_fitness']:.4g}",
                 "steps_per_s": f"{rate:.3g}" if rate else "-",
                 "invalid": line["invalid_candidates"]}
+
+
+def _number_or_none(value) -> float | None:
+    value = float(value)
+    return value if math.isfinite(value) else None
 
 
 def describe_generation(line: dict[str, Any]) -> str:

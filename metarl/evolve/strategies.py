@@ -65,6 +65,9 @@ class StrategySpec:
         antithetic: ``antithetic`` switches its mirrored sampling.
         mirrors: it always samples mirrored pairs, so the population must be even.
         min_population: the smallest population it runs with.
+        truncated: it estimates from truncated unrolls (:mod:`metarl.evolve.truncation`):
+            the only strategies ``es.truncations > 1`` takes, their evosax ``T`` and ``K``
+            set from it.
     """
 
     family: str
@@ -77,6 +80,7 @@ class StrategySpec:
     antithetic: bool = False
     mirrors: bool = False
     min_population: int = 2
+    truncated: bool = False
 
 
 def _gradient(summary: str, **more) -> StrategySpec:
@@ -113,6 +117,10 @@ STRATEGIES: dict[str, StrategySpec] = {
         "lr_stag_std": float, "lr_conv_std": float, "lr_B": float}, mirrors=True),
     "DiscoveredES": _ranked("discovered ES (meta-learned recombination weights)",
                             {"lr_std": float}, optimizer=True),
+    "PersistentES": _gradient("persistent ES: truncated unrolls, perturbations "
+                              "accumulated over the unroll (es.truncations)", truncated=True),
+    "NoiseReuseES": _gradient("noise-reuse ES: truncated unrolls, one perturbation per "
+                              "unroll (es.truncations)", truncated=True),
     "ESMC": _gradient("ES with meta-loss clipping against the mean's own fitness",
                       min_population=4),
     "EvoTF_ES": StrategySpec(DISTRIBUTION, "evolution transformer (weights bundled with "
@@ -167,11 +175,6 @@ STRATEGIES: dict[str, StrategySpec] = {
 """Every strategy ``[es] strategy`` accepts, by evosax class name."""
 
 EXCLUDED: dict[str, str] = {
-    "PersistentES": "updates from truncated unrolls of one training run; a generation here "
-                    "trains every candidate for its whole budget (truncated evolution is "
-                    "another feature)",
-    "NoiseReuseES": "as PersistentES: it reuses one perturbation over the truncations of "
-                    "a training run",
     "GuidedES": "samples along surrogate gradients written into its state before each "
                 "ask; a training run gives none",
     "RandomSearch": "samples from a user function over a bounded domain; meta-parameters "
@@ -283,9 +286,12 @@ def build_strategy(config: Any, template: Any) -> tuple[Any, Any]:
         kwargs["optimizer"] = optax.adam(optax.exponential_decay(
             config.learning_rate, transition_steps=1, decay_rate=config.learning_rate_decay))
     if spec.std_schedule:
-        kwargs["std_schedule"] = optax.exponential_decay(
+        # optax reads end_value as a ceiling when decay_rate >= 1: no decay, no floor
+        # (and a strong float32: a weak-typed one would recompile the generation)
+        kwargs["std_schedule"] = (_constant(config.sigma)
+                                  if config.sigma_decay == 1.0 else optax.exponential_decay(
             config.sigma, transition_steps=1, decay_rate=config.sigma_decay,
-            end_value=config.sigma_min)
+            end_value=config.sigma_min))
     if spec.shaping:
         kwargs["fitness_shaping_fn"] = _fitness_shaping_fn(config.fitness_shaping)
     if spec.antithetic:
@@ -298,12 +304,21 @@ def build_strategy(config: Any, template: Any) -> tuple[Any, Any]:
                           f"candidates as meta-parameters ({strategy.num_dims}); got "
                           f"{config.population_size}")
     params = strategy.default_params
+    if spec.truncated:  # evosax counts K per tell up to T: here one truncation per tell
+        params = params.replace(T=config.truncations, K=1)
     if spec.std_init:
         params = params.replace(std_init=jnp.float32(config.sigma))
     if config.options:
         params = params.replace(**{key: _like(getattr(params, key), value)
                                    for key, value in config.options.items()})
     return strategy, params
+
+
+def _constant(value: float):
+    """A schedule that is ``value`` at every step, as a float32 array."""
+    import jax.numpy as jnp
+
+    return lambda count: jnp.full((), value, jnp.float32)
 
 
 def _like(default: Any, value: Any) -> Any:
