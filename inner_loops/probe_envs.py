@@ -29,11 +29,25 @@ s = 0 then s = 1)             s = 1, then terminates
 ``bootstrap`` (s = 0,         ``1`` every step            ``1 / (1 - gamma)``: a time limit is
 truncated after every step,                               not a terminal state, so the target
 never terminates)                                         bootstraps from the final observation
+``observation_action_``       ``observation_action``'s    ``observation_action``'s: the noise
+``outliers`` (1 step,         plus noise: ``±100``        has mean 0, so the expected reward
+s = ±1 at random)             (``OUTLIER``) with          is the noiseless one (discrete:
+                              probability 0.025 each      ``+1`` for the matching action,
+                              (``OUTLIER_RATE = 0.05``    ``-1`` for the other)
+                              in all), else ``0``
 ============================  ==========================  ====================================
 
 All one-step probes and ``discount`` end by *termination* (no bootstrap from the last
 step); ``bootstrap`` ends only by *truncation*, so a learner that mistakes a time limit for
 termination learns ``Q = 1`` there instead of ``1 / (1 - gamma)``.
+
+``observation_action_outliers`` is the one noisy probe, a task on which the shape of a value
+loss decides by design: its reward noise is symmetric and heavy-tailed (rare, huge, zero
+mean, variance ``OUTLIER_RATE * OUTLIER^2 = 500``), so the median of a reward equals its
+mean and a distance with bounded gradients (Huber) learns the same ``Q`` as L2 but is not
+thrown about by the outliers. With DQN, Huber earns a clearly higher return there than L2
+(``tests/test_known_answers.py``, where evolution must rediscover that); on the noiseless
+probes every distance that has its minimum at zero learns the same values.
 """
 
 from __future__ import annotations
@@ -51,6 +65,10 @@ from inner_loops.env_spec import PROBE_PREFIX, Env, EnvSpec, EnvStep
 VARIANTS = ("discrete", "continuous")
 # Best continuous action of ``action`` (and ``observation_action`` at s = +1).
 ACTION_TARGET = 0.5
+# The reward noise of ``observation_action_outliers``: +-OUTLIER, each sign with probability
+# OUTLIER_RATE / 2, else 0.
+OUTLIER = 100.0
+OUTLIER_RATE = 0.05
 
 
 class ProbeState(NamedTuple):
@@ -71,6 +89,8 @@ class Probe:
         terminates: the episode ends by termination (else by truncation).
         reward: ``(s [], t [], action, discrete) -> []`` reward.
         observations: the observation values the probe visits (for tests).
+        noise: ``key -> []`` zero-mean noise added to every reward (``None``: none), drawn
+            from a key of its own, so the exact ``Q`` is that of the noiseless reward.
     """
 
     name: str
@@ -79,6 +99,7 @@ class Probe:
     terminates: bool
     reward: Callable[[jax.Array, jax.Array, jax.Array, bool], jax.Array]
     observations: tuple[float, ...]
+    noise: Callable[[jax.Array], jax.Array] | None = None
 
 
 def _signed(action: jax.Array) -> jax.Array:
@@ -100,6 +121,14 @@ def _observation_action_reward(s, t, action, discrete):
     return -jnp.square(action[0] - ACTION_TARGET * s)
 
 
+def outlier_noise(key: jax.Array) -> jax.Array:
+    """``[]`` float32: ``±OUTLIER`` with probability ``OUTLIER_RATE / 2`` each, else ``0``
+    (mean 0, median 0, variance ``OUTLIER_RATE * OUTLIER^2``)."""
+    hit_key, sign_key = jax.random.split(key)
+    sign = jnp.where(jax.random.bernoulli(sign_key), 1.0, -1.0)
+    return jnp.where(jax.random.bernoulli(hit_key, OUTLIER_RATE), OUTLIER * sign, 0.0)
+
+
 PROBES = {
     probe.name: probe
     for probe in (
@@ -110,8 +139,12 @@ PROBES = {
         Probe("discount", False, 2, True, lambda s, t, a, d: t.astype(jnp.float32),
               (0.0, 1.0)),
         Probe("bootstrap", False, 1, False, lambda s, t, a, d: jnp.float32(1.0), (0.0,)),
+        Probe("observation_action_outliers", True, 1, True, _observation_action_reward,
+              (-1.0, 1.0), outlier_noise),
     )
 }
+# probes whose noiseless reward is observation_action's
+_OBSERVATION_ACTION = ("observation_action", "observation_action_outliers")
 
 
 def probe_ids() -> list[str]:
@@ -147,11 +180,15 @@ def make_probe_env(env_id: str, env_params: tuple = ()) -> Env:
         return obs, ProbeState(obs, jnp.zeros((), jnp.int32))
 
     def step(key, state, action, fresh=None):
+        if probe.noise is not None:  # the noiseless probes keep their key as it was
+            key, noise_key = jax.random.split(key)
         if fresh is None:
             fresh = reset(key)
         if not discrete:
             action = jnp.clip(action, -1.0, 1.0)
         reward = jnp.asarray(probe.reward(state.obs[0], state.t, action, discrete), jnp.float32)
+        if probe.noise is not None:
+            reward = reward + probe.noise(noise_key).astype(jnp.float32)
         t = state.t + 1
         ended = t >= probe.episode_steps
         terminated = jnp.logical_and(ended, probe.terminates)
@@ -166,7 +203,8 @@ def make_probe_env(env_id: str, env_params: tuple = ()) -> Env:
 
 
 def exact_q(env_id: str, obs: np.ndarray, action: np.ndarray, gamma: float) -> np.ndarray:
-    """The exact ``Q(s, a)`` of probe ``env_id`` (the module docstring's table).
+    """The exact ``Q(s, a)`` of probe ``env_id`` (the module docstring's table); for the
+    noisy probe that of its expected (noiseless) reward.
 
     Args:
         obs: ``[B, 1]`` observations the probe visits.
@@ -198,7 +236,7 @@ def best_action(env_id: str, obs: np.ndarray) -> np.ndarray:
     s = np.asarray(obs, np.float64)[:, 0]
     if probe.name == "action":
         best = np.ones_like(s) if discrete else np.full_like(s, ACTION_TARGET)
-    elif probe.name == "observation_action":
+    elif probe.name in _OBSERVATION_ACTION:
         best = (s > 0).astype(np.float64) if discrete else ACTION_TARGET * s
     else:
         best = np.zeros_like(s)

@@ -142,11 +142,12 @@ PROBE_GAMMA = 0.5
 PROBE_TOLERANCE = 0.05
 
 
-@pytest.mark.parametrize("name", sorted(PROBES))
+@pytest.mark.parametrize("name", sorted(n for n, probe in PROBES.items() if probe.noise is None))
 def test_probe_q_values_are_exact(name):
     """Acting uniformly at random (Q-learning is off-policy, so every action's value is
     learned), the Q-values of every visited observation and action come out within
-    ``PROBE_TOLERANCE`` of the exact ones."""
+    ``PROBE_TOLERANCE`` of the exact ones (on every noiseless probe: the noisy one is
+    tests/test_known_answers.py's task)."""
     env_id = f"probe/{name}-discrete"
     config = DQNConfig(env_id=env_id, num_envs=4, train_frequency=1, gradient_steps=4,
                        total_timesteps=3200, buffer_size=256, batch_size=32,

@@ -280,7 +280,7 @@ def test_lpo_loss_matches_drift_function():
     )
 
 
-@pytest.mark.parametrize("form", ["scaled_l2", "l2_residual"])
+@pytest.mark.parametrize("form", ["scaled_l2", "even_scaled_l2", "l2_residual"])
 def test_value_distance_init_equals_l2(form):
     objective = make_objective("value_distance", form=form)
     meta = _init("value_distance", form=form)
@@ -307,6 +307,24 @@ def test_scaled_l2_rescales_large_errors_by_the_saturated_network():
     d = np.asarray(_distance(meta, x, "scaled_l2"))
     # x < 0: tanh -> -1, g = -log(0.1)... the unit is odd, so the two sides scale inversely
     np.testing.assert_allclose(d, [0.5 * 2500 * 10.0, 0.0, 0.5 * 2500 * 0.1], rtol=1e-5)
+
+
+def test_even_scaled_l2_weights_both_signs_alike():
+    """``even_scaled_l2`` is ``scaled_l2`` of ``|x|``: even in ``x``, equal to it for
+    ``x >= 0``, and its objective's loss is the mean distance."""
+    meta = _init("value_distance", hidden_sizes=(4,), form="even_scaled_l2")["value"]
+    meta = jax.tree.map(lambda w: w + 0.3, meta)  # output layer and biases off zero
+    x = np.linspace(0.0, 30.0, 61, dtype=np.float32)
+    even = np.asarray(_distance(meta, x, "even_scaled_l2"))
+    np.testing.assert_array_equal(np.asarray(_distance(meta, -x, "even_scaled_l2")), even)
+    np.testing.assert_allclose(even, np.asarray(_distance(meta, x, "scaled_l2")), rtol=1e-6)
+    assert not np.allclose(even, 0.5 * x * x)
+    objective = make_objective("value_distance", hidden_sizes=(4,), form="even_scaled_l2")
+    inputs = random_inputs(3, batch=N)
+    errors = np.asarray(inputs.values) - np.asarray(inputs.targets)
+    np.testing.assert_allclose(
+        jax.jit(objective.value_loss)({"policy": {}, "value": meta}, inputs),
+        np.mean(np.asarray(_distance(meta, errors, "even_scaled_l2"))), rtol=1e-5)
 
 
 def test_value_distance_loss_is_mean_distance():

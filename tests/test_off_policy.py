@@ -2,7 +2,9 @@
 
 - Probes (:mod:`inner_loops.probe_envs`): built by ``make_env`` like any id; their exact
   Q-values satisfy the Bellman equation on real rollouts (so the documented table, the
-  dynamics and :func:`exact_q` agree); truncation vs termination as documented.
+  dynamics and :func:`exact_q` agree; for the noisy probe up to its noise); truncation vs
+  termination as documented; the noisy probe's reward noise has the documented
+  distribution (values, outlier rate, mean) and leaves the noiseless probes' draws alone.
 - :func:`inner_loops.off_policy.collect`: stored transitions keep the pre-reset observation
   and mark only terminations; episode summaries; the acting function gets its noise slice.
 - :func:`inner_loops.off_policy.evaluate_policy`: counts each environment's first episode.
@@ -17,7 +19,15 @@ import numpy as np
 import pytest
 
 from inner_loops import available_envs, make_env, make_vec_env, off_policy, replay
-from inner_loops.probe_envs import PROBES, best_action, exact_q, probe_ids
+from inner_loops.probe_envs import (
+    OUTLIER,
+    OUTLIER_RATE,
+    PROBES,
+    best_action,
+    exact_q,
+    outlier_noise,
+    probe_ids,
+)
 
 GAMMA = 0.9
 ROLLOUT_STEPS = 12
@@ -92,7 +102,13 @@ def test_exact_q_satisfies_the_bellman_equation(env_id):
     next_best = exact_q(env_id, steps["final_obs"], best_action(env_id, steps["final_obs"]),
                         GAMMA)
     bootstrap = np.where(steps["terminated"], 0.0, GAMMA * next_best)
-    np.testing.assert_allclose(q, steps["reward"] + bootstrap, rtol=1e-6, atol=1e-6)
+    noise = steps["reward"] + bootstrap - q
+    if PROBES[name].noise is None:
+        np.testing.assert_allclose(noise, 0.0, atol=1e-6)
+    else:  # the exact Q is the expected reward's: what is left is the noise, 0 or +-OUTLIER
+        levels = np.array([-OUTLIER, 0.0, OUTLIER])
+        np.testing.assert_allclose(levels[np.abs(noise[:, None] - levels).argmin(1)], noise,
+                                   atol=1e-4)
     ends = steps["terminated"] | steps["truncated"]
     if name == "bootstrap":
         assert not steps["terminated"].any() and steps["truncated"].all()
@@ -107,6 +123,25 @@ def test_exact_q_satisfies_the_bellman_equation(env_id):
         assert ends.all()
     if PROBES[name].random_sign:
         assert set(visited) == {-1.0, 1.0}
+
+
+def test_outlier_noise_has_the_documented_distribution():
+    """``observation_action_outliers``' reward noise: ``±OUTLIER`` at rate ``OUTLIER_RATE``
+    (half each sign), else 0, so mean 0 (1e5 draws: within 4.5 standard errors); the
+    environment adds it to ``observation_action``'s reward on every step."""
+    draws = np.asarray(jax.jit(jax.vmap(outlier_noise))(
+        jax.random.split(jax.random.PRNGKey(0), 100_000)))
+    assert set(np.unique(draws)) == {-OUTLIER, 0.0, OUTLIER}
+    rate = OUTLIER_RATE
+    for value, expected in ((OUTLIER, rate / 2), (-OUTLIER, rate / 2), (0.0, 1.0 - rate)):
+        share = np.mean(draws == value)
+        assert abs(share - expected) < 4.5 * np.sqrt(expected * (1 - expected) / draws.size)
+    assert abs(draws.mean()) < 4.5 * np.sqrt(rate) * OUTLIER / np.sqrt(draws.size)
+    noisy = random_rollout("probe/observation_action_outliers-discrete", jax.random.PRNGKey(1))
+    residual = noisy["reward"] - exact_q("probe/observation_action-discrete", noisy["obs"],
+                                          noisy["action"], GAMMA)
+    assert np.isin(residual, [-OUTLIER, 0.0, OUTLIER]).all()
+    assert (residual == OUTLIER).any() and (residual == -OUTLIER).any()  # 2 and 3 of 48
 
 
 def test_exact_q_values_of_the_table():
