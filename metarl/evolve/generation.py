@@ -82,8 +82,6 @@ class EvolutionState:
         best_meta_params: the meta-parameters that scored ``best_fitness``.
         baselines: ``[E]`` return of the algorithm's own losses per environment, used for
             normalisation (ones when off).
-        truncation: with ``es.truncations > 1`` the agents carried between truncations
-            (:class:`~metarl.evolve.truncation.TruncationState`); ``None`` otherwise.
     """
 
     es_state: Any
@@ -92,7 +90,15 @@ class EvolutionState:
     best_fitness: jax.Array
     best_meta_params: Any
     baselines: jax.Array
-    truncation: TruncationState | None = None
+
+
+@struct.dataclass
+class TruncatedEvolutionState(EvolutionState):
+    """:class:`EvolutionState` of a run with ``es.truncations > 1``: also the agents carried
+    between truncations, ``truncation`` (:class:`~metarl.evolve.truncation.TruncationState`).
+    A class of its own, so that the checkpoints of every other run keep their structure."""
+
+    truncation: TruncationState = None
 
 
 @struct.dataclass
@@ -210,7 +216,7 @@ class Evolution:
         )
         if self.truncation_updates is not None:
             asked = self.ask(state)
-            state = state.replace(truncation=empty_truncation_state(
+            state = TruncatedEvolutionState(**vars(state), truncation=empty_truncation_state(
                 self.learners, asked.population, asked.run_keys,
                 self._hypers(asked.run_keys)))
         state = _strong(state)
@@ -357,7 +363,7 @@ class Evolution:
         best_index = jnp.argmax(fitness)
         improved = candidate_valid[best_index] & (fitness[best_index] > state.best_fitness)
         best_params = jax.tree.map(lambda x: x[best_index], population)
-        state = EvolutionState(
+        state = state.replace(  # the baselines (and carried agents) stay
             es_state=es_state,
             key=asked.key,
             generation=state.generation + 1,
@@ -366,8 +372,6 @@ class Evolution:
                 lambda new, old: jnp.where(improved, new, old), best_params,
                 state.best_meta_params,
             ),
-            baselines=state.baselines,
-            truncation=state.truncation,
         )
         metrics = {
             "fitness": fitness,
