@@ -13,6 +13,13 @@ Meta-parameters of a whole objective are ``{"policy": ..., "value": ...}``, whic
 terms, and slots left to the algorithm, use ``{}`` so that evolution strategies see only
 the learnable part.
 
+Besides the loss slots an objective may fill the *optimiser slot* with an
+:class:`OptimizerTerm`: an update rule that replaces the algorithm's Adam (today PPO's
+only; the algorithm registers ``"optimizer"`` among its slots when it supports it). Its
+meta-parameters appear under an ``"optimizer"`` key of the meta-parameters *only* when the
+slot is filled, so objectives without it keep exactly the pytree ``{"policy", "value"}``
+(and the saved runs of such objectives still load).
+
 Standard PPO (clipped surrogate, clipped L2 value loss) lives here because it is the
 inner loop's default; learned objectives live in :mod:`metarl.objectives`.
 """
@@ -26,6 +33,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import optax
 
 MetaParams = Any  # a pytree of arrays
 
@@ -74,7 +82,36 @@ class LossTerm:
     loss: Callable[[MetaParams, LossInputs], jax.Array]
 
 
-SLOTS = ("policy", "value")
+@dataclass(frozen=True)
+class OptimizerTerm:
+    """A replaceable update rule: fills an objective's ``"optimizer"`` slot.
+
+    The algorithm builds the rule *inside* its traced update, from the (possibly traced,
+    possibly ``vmap``-ed) meta-parameters, and uses it where it would use Adam's
+    ``scale_by_adam``: PPO clips the gradient by global norm first and applies
+    ``params - learning_rate * u`` to the rule's output ``u`` after, so learning-rate
+    tuning and annealing still apply.
+
+    Attributes:
+        name: short identifier used in logs and plots.
+        init: ``key -> meta_params`` of the rule.
+        transformation: ``meta_params -> optax.GradientTransformationExtraArgs``. Its
+            ``init(params)`` builds the rule's state (kept in the agent's state, so training
+            resumes exactly); its ``update(grads, state, params, *, progress, key)`` receives
+            two extra arguments: ``progress`` ``[]`` float32, the fraction of training
+            done ``n / N`` in ``[0, 1]``, and ``key``, a fresh PRNG key for this step (for
+            stochastic rules; deterministic ones ignore it). The algorithm derives ``key``
+            from its own key, so no seed is needed in ``init``.
+    """
+
+    name: str
+    init: Callable[[jax.Array], MetaParams]
+    transformation: Callable[[MetaParams], optax.GradientTransformationExtraArgs]
+
+
+SLOTS = ("policy", "value")  # the loss slots
+OPTIMIZER_SLOT = "optimizer"
+ALL_SLOTS = (*SLOTS, OPTIMIZER_SLOT)  # every slot an objective may fill, in canonical order
 
 
 @dataclass(frozen=True)
@@ -84,6 +121,8 @@ class Objective:
     Attributes:
         policy: the policy loss, or ``None`` for the algorithm's own.
         value: the value (critic) loss, or ``None`` for the algorithm's own.
+        optimizer: the update rule replacing the algorithm's Adam, or ``None`` for Adam
+            (only algorithms with an ``"optimizer"`` slot accept one).
         algorithms: the algorithms it applies to; ``None``: any that has its slots.
         label: the name it is known by (a registered objective's name); by default the
             names of its terms.
@@ -93,18 +132,21 @@ class Objective:
     value: LossTerm | None = None
     algorithms: tuple[str, ...] | None = None
     label: str | None = None
+    optimizer: OptimizerTerm | None = None
 
     @property
     def slots(self) -> tuple[str, ...]:
-        """The slots this objective fills (its terms that are not ``None``)."""
-        return tuple(slot for slot in SLOTS if getattr(self, slot) is not None)
+        """The slots this objective fills (its terms that are not ``None``), among
+        :data:`ALL_SLOTS`."""
+        return tuple(slot for slot in ALL_SLOTS if getattr(self, slot) is not None)
 
     @property
     def name(self) -> str:
         if self.label is not None:
             return self.label
-        return "+".join(getattr(self, slot).name if getattr(self, slot) else "default"
+        name = "+".join(getattr(self, slot).name if getattr(self, slot) else "default"
                         for slot in SLOTS)
+        return name if self.optimizer is None else f"{name}+{self.optimizer.name}"
 
     def with_defaults(self, **defaults: LossTerm) -> Objective:
         """This objective with every empty slot filled from ``defaults`` (slot -> term)."""
@@ -115,10 +157,31 @@ class Objective:
         return dataclasses.replace(self, **filled)
 
     def init(self, key: jax.Array) -> dict[str, MetaParams]:
-        """Meta-parameters ``{"policy": ..., "value": ...}``; ``{}`` for an empty slot."""
+        """Meta-parameters ``{"policy": ..., "value": ...}``; ``{}`` for an empty loss slot.
+
+        With the optimiser slot filled there is a third entry ``"optimizer"``, drawn from
+        ``fold_in(key, 2)`` so that the loss terms' draws are those of an objective without
+        it; without the slot the pytree (and every value in it) is unchanged.
+        """
         policy_key, value_key = jax.random.split(key)
-        return {"policy": self.policy.init(policy_key) if self.policy else {},
-                "value": self.value.init(value_key) if self.value else {}}
+        meta_params = {"policy": self.policy.init(policy_key) if self.policy else {},
+                       "value": self.value.init(value_key) if self.value else {}}
+        if self.optimizer is not None:
+            meta_params[OPTIMIZER_SLOT] = self.optimizer.init(jax.random.fold_in(key, 2))
+        return meta_params
+
+    def optimizer_transformation(
+        self, meta_params: dict[str, MetaParams]
+    ) -> optax.GradientTransformationExtraArgs:
+        """The optimiser slot's update rule built from ``meta_params["optimizer"]``."""
+        if self.optimizer is None:
+            raise ValueError(f"objective {self.name!r} leaves the optimizer slot to the "
+                             "algorithm (Adam)")
+        if OPTIMIZER_SLOT not in meta_params:
+            raise ValueError(f"objective {self.name!r} fills the optimizer slot but the "
+                             f"meta-parameters have no {OPTIMIZER_SLOT!r} entry (keys: "
+                             f"{sorted(meta_params)})")
+        return self.optimizer.transformation(meta_params[OPTIMIZER_SLOT])
 
     def policy_loss(self, meta_params: dict[str, MetaParams], inputs: LossInputs) -> jax.Array:
         return self._term("policy").loss(meta_params["policy"], inputs)

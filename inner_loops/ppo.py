@@ -11,7 +11,10 @@ Shape-setting settings (env, batch sizes, network widths) live in :class:`PPOCon
 static. Numeric hyperparameters live in :class:`Hyperparams`: traced arrays, so a population
 can vary them under ``vmap``. The losses come from an :class:`~inner_loops.objective.Objective`
 filling the ``"policy"`` and ``"value"`` slots; empty slots get PPO's clipped surrogate and
-clipped value loss.
+clipped value loss. An objective may also fill the ``"optimizer"`` slot
+(:class:`~inner_loops.objective.OptimizerTerm`): its update rule then replaces
+``scale_by_adam`` between PPO's global-norm clip and its ``-learning_rate * u`` step (see
+:func:`_optimizer`); without it every update is bit-identical to Adam's PPO.
 """
 
 from __future__ import annotations
@@ -229,7 +232,8 @@ class PPOState:
 
     Attributes:
         params: actor-critic parameters.
-        opt_state: Adam's state (with the gradient clip's).
+        opt_state: Adam's state (with the gradient clip's), or the objective's update
+            rule's state when it fills the optimiser slot.
         env_state: the :class:`~inner_loops.envs.VecEnvState` of ``N`` environments,
             including the observation and reward normalisers.
         obs: ``[N, *obs_shape]`` current observations.
@@ -285,12 +289,21 @@ def compute_gae(
     return advantages, advantages + values
 
 
-def _optimizer(hypers: Hyperparams) -> optax.GradientTransformation:
+def _optimizer(hypers: Hyperparams, objective: Objective | None = None,
+               meta_params=None) -> optax.GradientTransformation:
     """Clip by global norm, then Adam at unit step size (the learning rate is applied per
-    update, so annealing and per-agent rates stay traced)."""
-    return optax.chain(
-        optax.clip_by_global_norm(hypers.max_grad_norm), optax.scale_by_adam(eps=1e-5)
-    )
+    update, so annealing and per-agent rates stay traced).
+
+    When ``objective`` fills the optimiser slot its update rule, built from
+    ``meta_params["optimizer"]`` (traced), replaces ``scale_by_adam``; the chain then takes
+    the extra arguments ``progress`` and ``key`` in ``update``.
+    """
+    if objective is None or objective.optimizer is None:
+        return optax.chain(
+            optax.clip_by_global_norm(hypers.max_grad_norm), optax.scale_by_adam(eps=1e-5)
+        )
+    return optax.chain(optax.clip_by_global_norm(hypers.max_grad_norm),
+                       objective.optimizer_transformation(meta_params))
 
 
 def _check_policy_fits(config: PPOConfig, discrete: bool) -> None:
@@ -346,7 +359,6 @@ def make_network(config: PPOConfig, spec: EnvSpec) -> networks.ActorCritic:
 
 def init_state(parts: PPOParts, key: jax.Array, meta_params, hypers: Hyperparams) -> PPOState:
     """A fresh agent: reset environments, new network parameters, zeroed bookkeeping."""
-    del meta_params
     num_envs = parts.config.num_envs
     key, init_key, reset_key = jax.random.split(key, 3)
     obs, env_state = parts.vec_env.reset(reset_key)
@@ -354,7 +366,7 @@ def init_state(parts: PPOParts, key: jax.Array, meta_params, hypers: Hyperparams
     nan = jnp.full((), jnp.nan, jnp.float32)
     return PPOState(
         params=params,
-        opt_state=_optimizer(hypers).init(params),
+        opt_state=_optimizer(hypers, parts.objective, meta_params).init(params),
         env_state=env_state,
         obs=obs,
         episodes=EpisodeStats(jnp.zeros(num_envs), jnp.zeros(num_envs)),
@@ -477,17 +489,27 @@ def train_epochs(parts: PPOParts, meta_params, hypers: Hyperparams, progress: ja
 
     Returns ``(params, opt_state, diagnostics)``, each diagnostic of :func:`ppo_loss`
     ``[update_epochs, num_minibatches]``.
+
+    With a learned update rule (the objective's optimiser slot) each minibatch step also
+    passes ``progress`` and a key of its own, ``split(fold_in(permutation_key, 1))``, to
+    the rule; with Adam nothing of this is computed and no random draw changes.
     """
     config = parts.config
-    optimizer = _optimizer(hypers)
+    optimizer = _optimizer(hypers, parts.objective, meta_params)
+    learned = parts.objective.optimizer is not None
     loss_grad = jax.grad(functools.partial(ppo_loss, parts), has_aux=True)
 
-    def minibatch_step(carry, minibatch: Minibatch):
+    def minibatch_step(carry, xs):
         params, opt_state = carry
+        minibatch, step_key = xs if learned else (xs, None)
         with jax.named_scope("loss"):
             grads, diagnostics = loss_grad(params, meta_params, hypers, progress, minibatch)
         with jax.named_scope("optimiser"):
-            updates, opt_state = optimizer.update(grads, opt_state, params)
+            if learned:
+                updates, opt_state = optimizer.update(grads, opt_state, params,
+                                                      progress=progress, key=step_key)
+            else:
+                updates, opt_state = optimizer.update(grads, opt_state, params)
             updates = jax.tree.map(lambda u: -learning_rate * u, updates)
             params = optax.apply_updates(params, updates)
         return (params, opt_state), diagnostics
@@ -495,6 +517,10 @@ def train_epochs(parts: PPOParts, meta_params, hypers: Hyperparams, progress: ja
     def epoch(carry, permutation_key):
         with jax.named_scope("shuffle"):
             minibatches = shuffle_into_minibatches(config, batch, permutation_key)
+        if learned:
+            step_keys = jax.random.split(jax.random.fold_in(permutation_key, 1),
+                                         config.num_minibatches)
+            return jax.lax.scan(minibatch_step, carry, (minibatches, step_keys))
         return jax.lax.scan(minibatch_step, carry, minibatches)
 
     (params, opt_state), diagnostics = jax.lax.scan(
@@ -576,7 +602,8 @@ def build(config: PPOConfig, objective: Objective | None = None) -> Learner:
     Args:
         config: static settings (shapes, environment).
         objective: losses for the ``"policy"`` and ``"value"`` slots; empty slots (and
-            ``None``) get PPO's clipped surrogate and clipped value loss.
+            ``None``) get PPO's clipped surrogate and clipped value loss. Its
+            ``"optimizer"`` slot, when filled, replaces Adam (see :func:`_optimizer`).
 
     Raises ``ValueError`` naming ``env_id``, ``env_params`` or ``policy`` when the
     environment does not exist or does not fit.
@@ -644,6 +671,6 @@ def shuffled_indices(key: jax.Array, n: int) -> jax.Array:
 
 
 register_algorithm(
-    "ppo", PPOConfig, build, slots=("policy", "value"),
+    "ppo", PPOConfig, build, slots=("policy", "value", "optimizer"),
     description="PPO (PureJaxRL-style): clipped surrogate, GAE, minibatch epochs",
 )

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from inner_loops.learner import Learner
-from inner_loops.objective import Objective
+from inner_loops.objective import OPTIMIZER_SLOT, Objective
 
 DEFAULT_ALGORITHM = "ppo"
 
@@ -39,7 +39,8 @@ class Algorithm:
         config_class: its frozen, validated config dataclass.
         build: ``(config, objective | None) -> Learner``; ``None`` means the algorithm's
             own default losses.
-        slots: the loss slots an objective may fill (``"policy"``, ``"value"``).
+        slots: the slots an objective may fill: loss slots (``"policy"``, ``"value"``)
+            and ``"optimizer"`` when an objective's update rule may replace its Adam.
         description: one line for listings.
     """
 
@@ -100,15 +101,23 @@ def algorithm_of(config: Any) -> Algorithm:
 
 def check_objective_fits(objective: Objective | None, algorithm: Algorithm) -> None:
     """Raise ``ValueError`` naming both when ``objective`` cannot train with ``algorithm``:
-    it fills a loss slot the algorithm does not have, or does not list the algorithm."""
+    it fills a slot the algorithm does not have (a loss slot, or the optimiser slot of an
+    algorithm that always uses Adam), or does not list the algorithm."""
     if objective is None:
         return
     extra = [slot for slot in objective.slots if slot not in algorithm.slots]
     listed = objective.algorithms is None or algorithm.name in objective.algorithms
     if extra or not listed:
-        why = (f"it fills the {', '.join(extra)} loss slot(s), which {algorithm.name} does not "
-               f"have (its slots: {', '.join(algorithm.slots)})" if extra else
-               f"it applies to {', '.join(objective.algorithms)} only")
+        losses = [slot for slot in extra if slot != OPTIMIZER_SLOT]
+        if OPTIMIZER_SLOT in extra:
+            why = (f"it fills the {OPTIMIZER_SLOT} slot (a learned update rule in place of "
+                   f"Adam), which {algorithm.name} does not have (its slots: "
+                   f"{', '.join(algorithm.slots)})")
+        elif losses:
+            why = (f"it fills the {', '.join(losses)} loss slot(s), which {algorithm.name} "
+                   f"does not have (its slots: {', '.join(algorithm.slots)})")
+        else:
+            why = f"it applies to {', '.join(objective.algorithms)} only"
         raise ValueError(f"objective {objective.name!r} does not fit algorithm "
                          f"{algorithm.name!r}: {why}")
 

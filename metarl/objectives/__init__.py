@@ -1,7 +1,7 @@
 """Learned and fixed RL objectives, built by name.
 
 Every module of this package is imported automatically (see below), and each registers its
-objective factories with :func:`register_objective`, declaring the loss slots they fill, the
+objective factories with :func:`register_objective`, declaring the slots they fill, the
 algorithms they fit, their baselines, how a run of them is drawn and what a tuned evaluation
 searches (:class:`Tunable`); so a new objective is a single new file here. Build one with
 ``make_objective("lpo", hidden_sizes=(128,))``, read a declaration with
@@ -18,6 +18,10 @@ the modules shipped here:
 * ``"dpo"``: the closed-form discovered drift of DPO (:mod:`.dpo`).
 * ``"symbolic"``, ``"symbolic_drift"``: a value distance or drift written as an expression,
   e.g. one distilled from an evolved network (:mod:`.symbolic`).
+* ``"learned_optimizer"``: a per-parameter MLP reshaping Adam's update, filling the
+  ``"optimizer"`` slot (PPO) and starting at Adam (:mod:`.learned_optimizer`).
+* ``"open_optimizer"``: the same with OPEN's dormancy, layer-position and learned-noise
+  inputs (:mod:`.open_optimizer`).
 """
 
 from __future__ import annotations

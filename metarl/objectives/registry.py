@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from inner_loops.objective import SLOTS, Objective
+from inner_loops.objective import ALL_SLOTS, SLOTS, Objective
 
 ObjectiveFactory = Callable[..., Objective]
 
@@ -115,8 +115,8 @@ class RegisteredObjective:
     Attributes:
         name: what experiment files write as ``[objective] name``.
         factory: ``(**options) -> Objective``.
-        slots: the loss slots it fills (``"policy"``, ``"value"``); the algorithm fills the
-            rest with its own losses.
+        slots: the slots it fills (``"policy"``, ``"value"``, ``"optimizer"``); the
+            algorithm fills the rest with its own losses (and Adam).
         algorithms: the algorithms it fits; ``None``: any algorithm with its slots.
         baselines: registered objectives ``metarl evaluate`` compares it with by default
             (those that fit the run's algorithm).
@@ -195,7 +195,8 @@ def register_objective(
 
     Args:
         name: the objective's name.
-        slots: the loss slots its objectives fill (a subset of ``("policy", "value")``).
+        slots: the slots its objectives fill (a subset of ``("policy", "value",
+            "optimizer")``).
         algorithms: the algorithms it fits (``None``: any that has ``slots``).
         baselines: objectives to compare it with in ``metarl evaluate``.
         plot: how a run of it is drawn (:data:`RunFigures`).
@@ -208,10 +209,10 @@ def register_objective(
     if not isinstance(name, str) or not name:
         raise ValueError(f"an objective name must be a non-empty string, got {name!r}")
     slots = tuple(slots)
-    if not slots or any(slot not in SLOTS for slot in slots):
-        raise ValueError(f"objective {name!r}: slots must be a non-empty subset of {SLOTS}, "
-                         f"got {slots!r}")
-    slots = tuple(slot for slot in SLOTS if slot in slots)  # canonical order
+    if not slots or any(slot not in ALL_SLOTS for slot in slots):
+        raise ValueError(f"objective {name!r}: slots must be a non-empty subset of "
+                         f"{ALL_SLOTS}, got {slots!r}")
+    slots = tuple(slot for slot in ALL_SLOTS if slot in slots)  # canonical order
     tunables = _checked_tunables(name, slots, tunables)
 
     def decorator(factory: ObjectiveFactory) -> ObjectiveFactory:
