@@ -17,7 +17,13 @@ from inner_loops.objective import LossInputs, squared_error
 from metarl.cli import main
 from metarl.config import ConfigError
 from metarl.evolve.config import config_from_dict
-from metarl.evolve.distill import DistillConfig, drift_basis, fit_formulas, value_basis
+from metarl.evolve.distill import (
+    DistillConfig,
+    distill_run,
+    drift_basis,
+    fit_formulas,
+    value_basis,
+)
 from metarl.evolve.generation import build_learner
 from metarl.kinds import load_experiment
 from metarl.objectives import make_objective
@@ -118,10 +124,11 @@ def test_distill_options_are_checked():
         DistillConfig(max_complexity=0)
 
 
-def _run_dir(path, objective=None):
+def _run_dir(path, objective=None, data=None):
     """A run directory as an evolution run leaves it (config and mean meta-parameters),
-    with perturbed meta-parameters so the evolved function is not L2."""
-    data = tomllib.loads(TINY)
+    with perturbed meta-parameters so the evolved function is not L2; ``data`` is the
+    experiment (default: the tiny PPO one)."""
+    data = tomllib.loads(TINY) if data is None else data
     if objective is not None:
         data["objective"] = objective
     config = config_from_dict(data)
@@ -185,3 +192,56 @@ def test_cli_distill_errors_name_the_problem(tmp_path, capsys):
     assert "objective 'dpo' has no evolved function to distil" in capsys.readouterr().err
     assert main(["distill", str(run), "--write-experiment", "0", "--no-fit"]) == 2
     assert "no distillation of the mean candidate" in capsys.readouterr().err
+
+
+# TD3 on Pendulum with tiny networks: 8 updates of 4 environments x 16 steps, the first only
+# collecting (learning_starts 128 needs two updates' steps), then 4 gradient steps on batches
+# of 32 for each of the 7 others.
+TD3_TINY = """
+name = "tiny_td3"
+[objective]
+name = "value_distance"
+options = { hidden_sizes = [8] }
+[inner]
+algorithm = "td3"
+env_id = "Pendulum-v1"
+num_envs = 4
+train_frequency = 16
+gradient_steps = 4
+total_timesteps = 512
+buffer_size = 512
+batch_size = 32
+learning_starts = 128
+actor_hidden_sizes = [16]
+critic_hidden_sizes = [16]
+[es]
+population_size = 4
+generations = 2
+[run]
+progress = false
+"""
+
+
+def test_the_critic_loss_of_an_off_policy_learner_is_distilled_from_its_td_errors(tmp_path):
+    """A value distance filling TD3's critic slot is distilled from the errors ``Q - y``
+    that both twin critics' losses see, and its formula reproduces the network there."""
+    data = tomllib.loads(TD3_TINY)
+    run = _run_dir(tmp_path / "td3", data=data)
+    inner = config_from_dict(data).inner[0]
+    entry = distill_run(run, samples=600, max_complexity=3, seeds=2, plots=False)
+
+    # Every input of every gradient step: 2 agents x 7 learning updates x 4 steps x 32
+    # transitions x 2 critics, and none of the collecting-only first update.
+    learning_updates = inner.num_updates - inner.warmup_updates
+    assert learning_updates == 7
+    assert entry["recorded"]["inputs"] == 2 * learning_updates * 4 * 32 * 2
+    assert entry["recorded"]["environments"] == ["Pendulum-v1"]
+    # They are TD errors x = Q(s, a) - y: the critics start near 0 and Pendulum's rewards
+    # lie in [-16.3, 0], so y = r + 0.98 Q'(s', a') is near r and x near -r, in [0, 16.3].
+    quantiles = entry["quantiles"]["x"]
+    assert quantiles["0.001"] > -2.0 and quantiles["0.999"] < 20.0
+    assert 1.0 < quantiles["0.5"] < 16.3
+
+    # the most accurate formula reproduces the (perturbed, not L2) network on held-out errors
+    best, reference = entry["formulas"][-1], entry["reference"]
+    assert best["r2"] > 0.999 and best["mse"] < reference["mse"] / 10

@@ -52,7 +52,14 @@ EXTRA = {"02_value_distance.ipynb": {"EVAL_SEEDS": 2},
          "08_is_my_discovery_real.ipynb": {
              "SEEDS": 16, "TUNE_SEEDS": 2, "BASELINES": ["l2"], "RUNS": 2,
              "TOTAL_TIMESTEPS": 512,
-             "TUNE_GRID": {"vf_coef": [0.5, 1.0], "learning_rate": [1.0, 3.0]}}}
+             "TUNE_GRID": {"vf_coef": [0.5, 1.0], "learning_rate": [1.0, 3.0]}},
+         # 09 records the inputs of one PPO update per agent (2 agents x 4 epochs x 4
+         # minibatches of 128 errors; a program with a host callback, which the persistent
+         # cache does not keep) and fits 3 terms at most to 600 of them. It then trains the
+         # network and its formula on 08's seeds and budget (16 seeds, one update each),
+         # without L2 (each program traced costs about 3 CPU-s).
+         "09_distill.ipynb": {"SEEDS": 16, "TOTAL_TIMESTEPS": 512, "RECORD_TIMESTEPS": 512,
+                              "SAMPLES": 600, "MAX_COMPLEXITY": 3, "BASELINES": []}}
 
 CELL_TIMEOUT = 420  # seconds per cell (the first compilation of a generation step)
 NOTEBOOK_TIMEOUT = 600  # seconds per notebook, through pytest-timeout
@@ -82,7 +89,7 @@ def test_notebooks_exist():
     assert names == [
         "01_quickstart.ipynb", "02_value_distance.ipynb", "03_lpo_drift.ipynb",
         "04_resume.ipynb", "05_sac_population.ipynb", "06_pbt.ipynb",
-        "07_policy_objectives.ipynb", "08_is_my_discovery_real.ipynb",
+        "07_policy_objectives.ipynb", "08_is_my_discovery_real.ipynb", "09_distill.ipynb",
     ]
 
 

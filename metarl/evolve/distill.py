@@ -8,11 +8,14 @@ when the run was built with ``ppo_init``).
 
 **Where it is fitted.** On the inputs training visits: a few agents (``seeds`` per
 ``[inner]`` table of the run) train with the evolved objective while the loss term hands its
-inputs (the value errors ``v - t``, or the ratios, the advantages as the loss sees them and
-the progress) to a ``jax.debug.callback``. The callback exists only in this program, built
-for distilling from a wrapped copy of the objective, so training runs and their compiled
-programs elsewhere are unchanged. ``samples`` of the recorded inputs are drawn uniformly, so
-the fit is weighted by the visited distribution; 20% of them are held out to report errors.
+inputs (the value errors ``v - t``, for an off-policy critic the TD errors ``Q(s, a) - y`` of
+every gradient step and critic; or the ratios, the advantages as the loss sees them and the
+progress) to a ``jax.debug.callback``. The callback exists only in this program, built for
+distilling from a wrapped copy of the objective, so training runs and their compiled
+programs elsewhere are unchanged. The recorded rows are put in sorted order (the agents'
+callbacks arrive in an order that varies from run to run), then ``samples`` of them are
+drawn uniformly, so the fit is weighted by the visited distribution; 20% of them are held
+out to report errors.
 
 **The search.** Sparse regression over a fixed basis (:func:`value_basis`,
 :func:`drift_basis`): every term vanishes where the objective must (``d(0) = 0``;
@@ -302,7 +305,9 @@ def _errors(expression: str, variables: tuple[str, ...], inputs: dict[str, np.nd
 def record_inputs(config, meta_params, distilled: Distilled, seeds: int, seed: int,
                   total_timesteps: int | None = None) -> dict[str, np.ndarray]:
     """The inputs of the evolved loss term over the training of ``seeds`` agents per
-    ``[inner]`` table: variable -> ``[M]`` float64 (``x``; or ``r``, ``A``, ``p``)."""
+    ``[inner]`` table: variable -> ``[M]`` float64 (``x``; or ``r``, ``A``, ``p``), the
+    ``M`` rows sorted (by ``x``; by ``r``, then ``A``, then ``p``), so that the same
+    training gives the same arrays."""
     objective = config.objective.build()
     term = getattr(objective, distilled.slot)
     batches: list[tuple[np.ndarray, ...]] = []
@@ -329,8 +334,12 @@ def record_inputs(config, meta_params, distilled: Distilled, seeds: int, seed: i
             keys, meta_params))
     jax.effects_barrier()
     names = ("x",) if distilled.slot == "value" else DRIFT_VARIABLES
-    return {name: np.concatenate([batch[i] for batch in batches])
-            for i, name in enumerate(names)}
+    columns = [np.concatenate([batch[i] for batch in batches]) for i in range(len(names))]
+    # Under vmap each agent's callback is a separate, unordered effect, which XLA may run in
+    # either order: the batches arrive in an order that changes from run to run. Rows in
+    # sorted order make the samples drawn from them depend only on the values recorded.
+    order = np.lexsort(columns[::-1])
+    return {name: column[order] for name, column in zip(names, columns, strict=True)}
 
 
 def distill_run(run_dir: str | Path, candidate: str = "mean", max_complexity: int = 6,
