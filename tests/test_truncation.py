@@ -167,3 +167,27 @@ def test_a_truncated_run_resumed_mid_unroll_equals_the_run_uninterrupted(tmp_pat
     assert np.ptp(lines["whole"][2]["fitness"]) > 0  # the candidates differ
     for name in ("best_meta_params.msgpack", "mean_meta_params.msgpack"):
         assert (tmp_path / "whole" / name).read_bytes() == (tmp_path / "cut" / name).read_bytes()
+
+
+def test_a_truncated_runs_fitness_is_drawn_per_unroll():
+    """Two unrolls of two truncations: one line per truncation position over the unrolls,
+    the unrolls' own fitness, and the best so far once an unroll has ended."""
+    from metarl.figures.records import plot_truncated_fitness
+
+    history = [
+        {"generation": 1, "truncation": 0, "fitness": [1.0, 3.0], "valid": [True, True],
+         "unroll_fitness": None, "best_fitness_so_far": float("-inf")},
+        {"generation": 2, "truncation": 1, "fitness": [5.0, 7.0], "valid": [True, True],
+         "unroll_fitness": 4.0, "best_fitness_so_far": 4.0},
+        {"generation": 3, "truncation": 0, "fitness": [2.0, 9.0], "valid": [True, False],
+         "unroll_fitness": None, "best_fitness_so_far": 4.0},
+        {"generation": 4, "truncation": 1, "fitness": [8.0, 8.0], "valid": [True, True],
+         "unroll_fitness": 5.0, "best_fitness_so_far": 5.0},
+    ]
+    figure = plot_truncated_fitness(history)
+    lines = {line.get_label(): (list(line.get_xdata()), list(line.get_ydata()))
+             for line in figure.axes[0].get_lines()}
+    assert lines["truncation 1: mean"] == ([1.0, 2.0], [2.0, 2.0])  # the invalid 9 left out
+    assert lines["truncation 2: mean"] == ([1.0, 2.0], [6.0, 8.0])
+    assert lines["unroll: mean over its truncations"] == ([1.0, 2.0], [4.0, 5.0])
+    assert lines["best unroll so far"] == ([1.0, 2.0], [4.0, 5.0])

@@ -2,7 +2,8 @@
 ``<run_dir>/plots/*.png`` (:func:`plot_run`, what ``metarl plot`` draws):
 
 ==============================  =========================================================
-``fitness.png``                 fitness per generation (always)
+``fitness.png``                 fitness per generation (always; per unroll for a
+                                truncated run, ``es.truncations > 1``)
 ``<figure>.png``                what the run's objective draws of its learned loss (its
                                 registered ``plot``: ``value_distance.png`` for the value
                                 distance, ``drift_{mean,best}.png`` for LPO, ...)
@@ -25,7 +26,7 @@ import jax
 
 from metarl.evolve.config import config_from_dict
 from metarl.evolve.evaluate import save_across_figure
-from metarl.figures.records import plot_fitness, plot_learning_curves
+from metarl.figures.records import plot_fitness, plot_learning_curves, plot_truncated_fitness
 from metarl.objectives import get_objective
 from metarl.objectives.registry import RunFigureRequest
 from metarl.runs.engine import read_config
@@ -54,9 +55,12 @@ def plot_run(run_dir: str | Path) -> list[Path]:
         raise RunError(f"{run_dir} has no finished generation yet (metrics.jsonl is empty)")
     out = run_dir / PLOTS_DIR
     out.mkdir(exist_ok=True)
-    written = [_save(plot_fitness(history, metric=config.fitness.metric,
-                                  title=f"{config.name}: fitness per generation"),
-                     out / "fitness.png")]
+    if "truncation" in history[-1]:  # es.truncations > 1: a line is one truncation
+        fitness = plot_truncated_fitness(history, title=f"{config.name}: fitness per unroll")
+    else:
+        fitness = plot_fitness(history, metric=config.fitness.metric,
+                               title=f"{config.name}: fitness per generation")
+    written = [_save(fitness, out / "fitness.png")]
 
     plot = get_objective(config.objective.name).plot
     if plot is not None:

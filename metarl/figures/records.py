@@ -84,6 +84,56 @@ def plot_fitness(history: Sequence[Mapping[str, Any]], *,
     return fig
 
 
+def plot_truncated_fitness(history: Sequence[Mapping[str, Any]], *,
+                           title: str | None = None) -> Figure:
+    """Fitness of a truncated evolution run (``es.truncations > 1``) per unroll.
+
+    Each line of such a run is one truncation, and later truncations of an unroll score
+    higher only because their agents have trained longer, so fitness per generation would
+    saw-tooth. Here the x axis is the unroll; one thin line per truncation position (the
+    mean fitness of the candidates at truncation ``k`` of each unroll), the unroll's fitness
+    (its lines' ``unroll_fitness``: their mean over the unroll's truncations) bold, and the
+    best unroll so far dashed.
+
+    Args:
+        history: the lines of the run's ``metrics.jsonl``, each with ``truncation``.
+        title: figure title.
+    """
+    if not history:
+        raise ValueError("plot_truncated_fitness: the history is empty")
+    unroll, rows = 0, []
+    for index, line in enumerate(history):
+        if index and line["truncation"] <= history[index - 1]["truncation"]:
+            unroll += 1
+        fitness = np.asarray(line["fitness"], np.float64)
+        valid = np.asarray(line.get("valid", [True] * fitness.size), bool) & np.isfinite(fitness)
+        rows.append((unroll + 1, line["truncation"],
+                     fitness[valid].mean() if valid.any() else np.nan,
+                     np.nan if line.get("unroll_fitness") is None else line["unroll_fitness"],
+                     line.get("best_fitness_so_far", np.nan)))
+    unrolls, positions, means, unrolled, so_far = (np.asarray(c, np.float64)
+                                                   for c in zip(*rows, strict=True))
+    fig = new_figure(7.5, 4.5)
+    ax = fig.subplots()
+    for position in np.unique(positions):
+        here = positions == position
+        ax.plot(unrolls[here], means[here], lw=1, marker=".", alpha=0.7,
+                color=f"C{int(position) % 10}", label=f"truncation {int(position) + 1}: mean")
+    ended = np.isfinite(unrolled)
+    ax.plot(unrolls[ended], unrolled[ended], color="k", lw=2.2, marker="o",
+            label="unroll: mean over its truncations")
+    finite = np.isfinite(so_far)
+    ax.plot(unrolls[ended & finite], so_far[ended & finite], color="C3", ls="--",
+            drawstyle="steps-post", label="best unroll so far")
+    ax.set_xlabel("unroll (every agent trained from scratch once)")
+    ax.set_ylabel("fitness on the truncation's updates")
+    ax.xaxis.get_major_locator().set_params(integer=True)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="x-small")
+    ax.set_title(title or "Fitness per unroll of a truncated evolution")
+    return fig
+
+
 def plot_learning_curves(
     evaluation_report: Mapping[str, Any],
     *,
