@@ -1,0 +1,252 @@
+"""What a discovery costs: agent-steps and seconds until a cheaper search reaches the
+held-out verdict of the full-budget one.
+
+Runs one evolution experiment (default: the README's main job, the value distance on
+CartPole-v1) with several search methods, each for ``--seeds`` evolution seeds:
+
+- ``open_es``: the experiment as written, every candidate training its whole budget, for
+  its ``es.generations``; its agent-steps are the budget ``B`` every fraction refers to;
+- ``rungs``: successive halving (``es.rungs = 3``, ``eta = 3``);
+- ``pes`` / ``nres``: ``PersistentES`` / ``NoiseReuseES`` over ``--truncations``
+  truncations of every training run (``metarl.evolve.truncation``).
+
+The cheaper methods run until ``--budget`` x ``B`` agent-steps. At every fraction of ``B``
+in ``--fractions`` (the full run also at its end) the search centre is trained on
+``--held-out`` seeds disjoint from evolution (``metarl evaluate``'s evaluation seed), and
+judged, pooled over evolution seeds with the held-out seed as the resampling unit
+(:func:`metarl.stats.pooled_probability_of_improvement`):
+
+- against the objective's starting point, L2 at the experiment's setting (the same
+  held-out seeds), and
+- against the full-budget run's final objective of the same evolution seed.
+
+A method *reaches* the full run's verdict at the first fraction where its verdict against
+L2 is the full run's and it is not worse than the full run. Seconds are the generations'
+own (compilation apart, listed separately), measured in one process per method with the
+generations run back to back.
+
+    python benchmarks/discovery_cost.py --seeds 3 --out docs/results/discovery_cost.json
+
+Writes the JSON document (and a figure next to it: held-out mean return against
+agent-steps) and prints a summary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+
+import metarl
+from metarl.evolve.config import FitnessConfig
+from metarl.evolve.evaluate import DEFAULT_EVAL_SEED, evaluate_objective
+from metarl.evolve.generation import Evolution
+from metarl.kinds import load_experiment
+from metarl.objectives import make_objective
+from metarl.stats import pooled_probability_of_improvement, verdict
+
+METHODS = {
+    "open_es": {},
+    "rungs": {"rungs": 3, "eta": 3},
+    "pes": {"strategy": "PersistentES"},
+    "nres": {"strategy": "NoiseReuseES"},
+}
+
+
+def method_config(base, method: str, truncations: int):
+    """The experiment ``base`` searched with ``method`` (:data:`METHODS`)."""
+    es = dict(METHODS[method])
+    if method in ("pes", "nres"):
+        es["truncations"] = truncations
+    return base.replace(es=dataclasses.replace(base.es, **es))
+
+
+def run_method(config, seed: int, budget_steps: int, fractions: list[float],
+               full_budget: int) -> dict:
+    """Evolve ``config`` from ``PRNGKey(seed)`` until ``budget_steps`` agent-steps; keep the
+    search centre at each fraction of ``full_budget`` reached. Returns the checkpoints
+    ``[{fraction, generation, agent_steps, seconds, meta_params}]`` and compile seconds."""
+    evolution = Evolution(config)
+    state = evolution.init(jax.random.PRNGKey(seed))
+    started = time.perf_counter()
+    step = evolution.step.lower(state).compile()
+    compile_seconds = time.perf_counter() - started
+    per_generation = evolution.agent_steps_per_generation
+    wanted = sorted(f for f in fractions if f * full_budget <= budget_steps + 1)
+    checkpoints, seconds, generation = [], 0.0, 0
+    for fraction in wanted:
+        target = fraction * full_budget
+        while generation * per_generation < target - 1:
+            started = time.perf_counter()
+            state, _ = step(state)
+            jax.block_until_ready(state)
+            seconds += time.perf_counter() - started
+            generation += 1
+        checkpoints.append({"fraction": fraction, "generation": generation,
+                            "agent_steps": generation * per_generation, "seconds": seconds,
+                            "meta_params": jax.device_get(evolution.mean_meta_params(state))})
+    return {"compile_seconds": compile_seconds, "agent_steps_per_generation": per_generation,
+            "checkpoints": checkpoints}
+
+
+def held_out(objective, meta_params, inner, fitness: FitnessConfig, seeds: int,
+             name: str) -> np.ndarray:
+    """``[S]`` held-out returns (the fitness metric) of ``objective`` at ``meta_params``."""
+    result = evaluate_objective(objective, meta_params, inner, fitness, seeds,
+                                DEFAULT_EVAL_SEED, name)
+    return np.asarray(result.returns, np.float64)
+
+
+def judge(x: np.ndarray, y: np.ndarray) -> dict:
+    """Pooled P(x > y) over ``[R, S]`` scores on shared held-out seeds, with its verdict."""
+    estimate = pooled_probability_of_improvement(x, y)
+    return {"p_improvement": estimate.value, "low": estimate.low, "high": estimate.high,
+            "verdict": verdict(estimate.low, estimate.high)}
+
+
+def plot(report: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(6.4, 4.2))
+    for method, rows in report["methods"].items():
+        steps = [row["agent_steps_mean"] for row in rows["points"]]
+        means = [row["held_out_mean"] for row in rows["points"]]
+        spread = [row["held_out_seed_std"] for row in rows["points"]]
+        axis.errorbar(steps, means, yerr=spread, marker="o", capsize=3, label=method)
+    axis.axhline(report["l2"]["held_out_mean"], color="0.4", linestyle="--",
+                 label="L2 (start)")
+    axis.set_xscale("log")
+    axis.set_xlabel("agent-steps spent by the search (per evolution seed)")
+    axis.set_ylabel("held-out mean return of the search centre")
+    axis.set_title(f"{report['experiment']}: {report['seeds']} evolution seeds, "
+                   f"{report['held_out_seeds']} held-out", fontsize=9)
+    axis.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--experiment", default="experiments/value_distance_cartpole.toml")
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--held-out", type=int, default=16)
+    parser.add_argument("--methods", default=",".join(METHODS))
+    parser.add_argument("--truncations", type=int, default=4)
+    parser.add_argument("--budget", type=float, default=0.5,
+                        help="cheaper methods run until this fraction of the full budget")
+    parser.add_argument("--fractions", default="0.125,0.25,0.5")
+    parser.add_argument("--generations", type=int, default=None,
+                        help="the full run's generations (default: the experiment's)")
+    parser.add_argument("--out", default="docs/results/discovery_cost.json")
+    args = parser.parse_args()
+    metarl.use_cpu_cores()  # one JAX CPU device per core, before JAX starts
+
+    base = load_experiment(args.experiment)
+    if args.generations:
+        base = base.replace(es=dataclasses.replace(base.es, generations=args.generations))
+    base = base.replace(run=dataclasses.replace(base.run, progress=False))
+    methods = args.methods.split(",")
+    fractions = [float(f) for f in args.fractions.split(",")]
+    full_budget = Evolution(base).agent_steps_per_generation * base.es.generations
+    objective = make_objective(base.objective.name, **base.objective.options)
+    inner, fitness = base.inner[0], base.fitness
+
+    runs = {}
+    for method in methods:
+        config = method_config(base, method, args.truncations)
+        budget = full_budget if method == "open_es" else args.budget * full_budget
+        points = sorted(set(fractions + ([1.0] if method == "open_es" else [])))
+        runs[method] = [run_method(config.replace(run=dataclasses.replace(
+            config.run, seed=base.run.seed + seed)), base.run.seed + seed, budget, points,
+            full_budget) for seed in range(args.seeds)]
+        print(f"{method}: evolved", flush=True)
+
+    l2 = held_out(make_objective(base.objective.name, **base.objective.options),
+                  objective.init(jax.random.PRNGKey(0)), inner, fitness, args.held_out, "l2")
+    scores = {method: [[held_out(objective, point["meta_params"], inner, fitness,
+                                 args.held_out, method) for point in run["checkpoints"]]
+                       for run in seed_runs] for method, seed_runs in runs.items()}
+    full_final = np.stack([seed[-1] for seed in scores["open_es"]]) if "open_es" in scores \
+        else None
+    l2_rows = np.broadcast_to(l2, (args.seeds, l2.size))
+    full_verdict = judge(full_final, l2_rows)["verdict"] if full_final is not None else None
+
+    report = {
+        "benchmark": "discovery_cost",
+        "command": "python benchmarks/discovery_cost.py " + " ".join(
+            f"--{key.replace('_', '-')} {value}" for key, value in vars(args).items()
+            if value is not None),
+        "experiment": base.name, "devices": jax.device_count(),
+        "load_average_at_end": os.getloadavg(),
+        "seeds": args.seeds, "held_out_seeds": args.held_out,
+        "eval_seed": DEFAULT_EVAL_SEED, "full_budget_agent_steps": full_budget,
+        "full_verdict_vs_l2": full_verdict,
+        "l2": {"held_out_mean": float(np.mean(l2)), "returns": l2.tolist()},
+        "methods": {},
+    }
+    for method, seed_runs in runs.items():
+        config = method_config(base, method, args.truncations)
+        rows, reached = [], None
+        for index, point in enumerate(seed_runs[0]["checkpoints"]):
+            x = np.stack([scores[method][seed][index] for seed in range(args.seeds)])
+            row = {
+                "fraction": point["fraction"],
+                "generation": point["generation"],
+                "agent_steps_mean": float(np.mean([run["checkpoints"][index]["agent_steps"]
+                                                   for run in seed_runs])),
+                "seconds_mean": float(np.mean([run["checkpoints"][index]["seconds"]
+                                               for run in seed_runs])),
+                "held_out_mean": float(np.mean(x)),
+                "held_out_seed_std": float(np.std(np.mean(x, axis=1))),
+                "vs_l2": judge(x, l2_rows),
+            }
+            if full_final is not None:
+                row["vs_full"] = judge(x, full_final)
+                if (reached is None and row["vs_l2"]["verdict"] == full_verdict
+                        and row["vs_full"]["verdict"] != "worse"):
+                    reached = row["fraction"]
+            rows.append(row)
+        report["methods"][method] = {
+            "es": {key: getattr(config.es, key) for key in
+                   ("strategy", "population_size", "rungs", "eta", "truncations",
+                    "sigma", "learning_rate", "fitness_shaping")},
+            "compile_seconds_mean": float(np.mean([run["compile_seconds"]
+                                                   for run in seed_runs])),
+            "agent_steps_per_generation": seed_runs[0]["agent_steps_per_generation"],
+            "points": rows,
+            "reaches_full_verdict_at_fraction": reached,
+        }
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=1, default=_plain) + "\n")
+    plot(report, out.with_suffix(".png"))
+    for method, entry in report["methods"].items():
+        for row in entry["points"]:
+            versus = row.get("vs_full", {})
+            print(f"{method:8s} {row['fraction']:6.3f} B  {row['agent_steps_mean']:>11.0f} "
+                  f"steps {row['seconds_mean']:7.1f} s  held-out {row['held_out_mean']:7.1f}"
+                  f"  vs L2 {row['vs_l2']['p_improvement']:.2f} {row['vs_l2']['verdict']:>20s}"
+                  f"  vs full {versus.get('p_improvement', math.nan):.2f} "
+                  f"{versus.get('verdict', '-')}")
+    print(f"full run vs L2: {full_verdict}; written {out}")
+
+
+def _plain(value):
+    if isinstance(value, np.generic):
+        return value.item()
+    raise TypeError(f"not JSON: {type(value)}")
+
+
+if __name__ == "__main__":
+    main()
