@@ -133,8 +133,6 @@ def test_truncated_evolution_refuses_settings_it_does_not_fit(tmp_path):
     pes = dataclasses.replace(config.es, strategy="PersistentES")
     with pytest.raises(ConfigError, match="es.truncations: not combined with es.rungs"):
         dataclasses.replace(pes, truncations=4, rungs=2)
-    with pytest.raises(ConfigError, match="es.truncations: not yet run with es.evolution_seeds"):
-        dataclasses.replace(pes, truncations=4, evolution_seeds=2)
     with pytest.raises(ConfigError, match="es.truncations: must be a positive integer"):
         dataclasses.replace(pes, truncations=0)
     truncated = dataclasses.replace(pes, truncations=4)
@@ -167,6 +165,38 @@ def test_a_truncated_run_resumed_mid_unroll_equals_the_run_uninterrupted(tmp_pat
     assert np.ptp(lines["whole"][2]["fitness"]) > 0  # the candidates differ
     for name in ("best_meta_params.msgpack", "mean_meta_params.msgpack"):
         assert (tmp_path / "whole" / name).read_bytes() == (tmp_path / "cut" / name).read_bytes()
+
+
+def test_evolutions_trained_together_each_equal_their_run_alone():
+    """Two evolutions of the planted problem (2 truncations of 4 updates) as one joint
+    program, seed 1 one truncation ahead of seed 0 (as after resuming seeds that stopped at
+    different points): each keeps its own schedule, starting new agents when its own unroll
+    ends, and equals its run alone after every generation."""
+    from metarl.evolve.replicated import ReplicatedEvolution, seed_config
+
+    config = _planted("NoiseReuseES", truncations=2, population_size=4).config
+    joint = ReplicatedEvolution(config, 2)
+    joint.evolution.learners = [_growing_learner(joint.evolution.learners[0])]
+    step = jax.jit(joint.generation)
+    alone = []
+    for index in range(2):
+        evolution = Evolution(seed_config(config, index))
+        evolution.learners = [_growing_learner(evolution.learners[0])]
+        evolution.step = jax.jit(evolution.generation)
+        alone.append((evolution, evolution.init()))
+    evolution, ahead = alone[1]
+    alone[1] = (evolution, evolution.step(ahead)[0])
+    states = joint.stack([state for _, state in alone])
+    for _ in range(4):
+        states, metrics = step(states)
+        alone = [(evolution, evolution.step(state)[0]) for evolution, state in alone]
+        assert [int(t) for t in metrics["truncation"]] == [
+            int(state.truncation.truncation) - 1 if int(state.truncation.truncation) else 1
+            for _, state in alone]
+        for together, (_, state) in zip(joint.split(states), alone, strict=True):
+            for a, b in zip(jax.tree.leaves(together), jax.tree.leaves(state), strict=True):
+                np.testing.assert_allclose(np.asarray(a, np.float64), np.asarray(b, np.float64),
+                                           rtol=1e-6, atol=1e-7)
 
 
 def test_a_truncated_runs_fitness_is_drawn_per_unroll():

@@ -132,8 +132,8 @@ class ESConfig:
             run is cut into this many truncations of equal length, and the meta-parameters
             update after each; agents carry over and start again from scratch after the
             last. A generation is then one truncation. Needs ``PersistentES`` or
-            ``NoiseReuseES`` and ``fitness.metric = "mean_return"``; not with ``rungs > 1``
-            or ``evolution_seeds > 1``. ``1`` (default): every generation trains whole runs.
+            ``NoiseReuseES`` and ``fitness.metric = "mean_return"``; not with ``rungs > 1``.
+            ``1`` (default): every generation trains whole runs.
     """
 
     strategy: str = "Open_ES"
@@ -165,9 +165,7 @@ class ESConfig:
             if self.rungs > 1:
                 raise ConfigError("es.truncations: not combined with es.rungs > 1 (rungs stop "
                                   "candidates within whole runs); choose one of the two")
-            if self.evolution_seeds > 1:
-                raise ConfigError("es.truncations: not yet run with es.evolution_seeds > 1; "
-                                  "start one run per seed (run.seed) instead")
+
         check_positive_int("es.evolution_seeds", self.evolution_seeds, ConfigError)
         check_positive_int("es.rungs", self.rungs, ConfigError)
         check_positive_int("es.eta", self.eta, ConfigError)

@@ -318,20 +318,42 @@ class Evolution:
         candidate has a whole run's score. The metrics add ``truncation``, the truncation
         just trained (``0 .. M-1``), and ``unroll_fitness``, that mean once an unroll
         ends (NaN before)."""
-        cfg = self.config
         asked = self.ask(state)
+        carried, scores = self.score_truncation(asked.population, asked.run_keys,
+                                                state.truncation)
+        told, metrics = self.tell(state, asked, scores)
+        state, metrics = self.end_truncation(state, told, metrics, carried)
+        if self.mesh is not None:
+            state, metrics = replicate((state, metrics), self.mesh)
+        return state, metrics
+
+    def score_truncation(self, population, run_keys: jax.Array, carried: TruncationState
+                         ) -> tuple[TruncationState, Scores]:
+        """Advance the agents of ``P`` candidates (``G`` evolutions of ``C``; ``carried``
+        has their ``[P * S]`` agents) one truncation
+        (:func:`~metarl.evolve.truncation.train_truncation`): the carried agents after it,
+        and the runs' scores ``[P, S, E]``."""
+        cfg = self.config
         carried, returns, valid = train_truncation(
-            self.learners, asked.population, asked.run_keys, state.truncation,
-            self.truncation_updates, cfg.fitness, cfg.run.chunk_size, self.mesh)
-        trained = state.truncation.truncation
+            self.learners, population, run_keys, carried, self.truncation_updates,
+            cfg.fitness, cfg.run.chunk_size, self.mesh)
         scores = Scores(returns=returns, valid=valid, hyperparameters={
             name: jnp.stack([getattr(h, name) for h in self._hypers(carried.run_keys)])
             for name in cfg.fitness.hyperparameter_ranges})
-        told, metrics = self.tell(state, asked, scores)
+        return carried, scores
+
+    def end_truncation(self, state: EvolutionState, told: EvolutionState, metrics: dict,
+                       carried: TruncationState) -> tuple[EvolutionState, dict]:
+        """After the tell of one evolution's truncation (``state`` before it, ``told``
+        after): count the truncation, keep the best unroll (module docstring of
+        :mod:`metarl.evolve.truncation`), carry the agents. Pure; ``vmap`` it over
+        evolutions."""
+        truncations = self.config.es.truncations
+        trained = state.truncation.truncation
         fitness = jnp.where(metrics["valid"], metrics["fitness"], jnp.nan)
         mean_fitness = jnp.where(jnp.any(metrics["valid"]), jnp.nanmean(fitness), 0.0)
-        unroll = (carried.unroll_fitness + mean_fitness) / cfg.es.truncations
-        carried, finished = advance_unroll(carried, mean_fitness, cfg.es.truncations)
+        unroll = (carried.unroll_fitness + mean_fitness) / truncations
+        carried, finished = advance_unroll(carried, mean_fitness, truncations)
         # the tell tracked single candidates; with truncations whole unrolls compare
         improved = finished & (unroll > state.best_fitness)
         centre = self.mean_meta_params(told)
@@ -342,8 +364,6 @@ class Evolution:
                                           centre, state.best_meta_params))
         metrics = {**metrics, "best_fitness": state.best_fitness, "truncation": trained,
                    "unroll_fitness": jnp.where(finished, unroll, jnp.nan)}
-        if self.mesh is not None:
-            state, metrics = replicate((state, metrics), self.mesh)
         return state, metrics
 
     def tell(self, state: EvolutionState, asked: Asked, scores: Scores

@@ -152,22 +152,57 @@ class ReplicatedEvolution:
         candidates = asked.run_keys.shape[2]
         population = jax.tree.map(lambda x: x.reshape(count * candidates, *x.shape[2:]),
                                   asked.population)
-        run_keys = jnp.swapaxes(asked.run_keys, 0, 1)  # [E, N, C, S, 2]
-        run_keys = run_keys.reshape(run_keys.shape[0], count * candidates, *run_keys.shape[3:])
-        scores = evolution.score(population, run_keys, states.baselines)
-        scores = scores.replace(
-            returns=scores.returns.reshape(count, candidates, *scores.returns.shape[1:]),
-            valid=scores.valid.reshape(count, candidates, *scores.valid.shape[1:]),
-            reached=None if scores.reached is None else scores.reached.reshape(count,
-                                                                               candidates),
-            hyperparameters={  # [E, N*C, S] -> [N, E, C, S]
-                name: jnp.swapaxes(values.reshape(values.shape[0], count, candidates,
-                                                  values.shape[-1]), 0, 1)
-                for name, values in scores.hyperparameters.items()})
-        states, metrics = jax.vmap(evolution.tell)(states, asked, scores)
+        run_keys = _joint_keys(asked.run_keys)
+        if evolution.truncation_updates is None:
+            scores = evolution.score(population, run_keys, states.baselines)
+            states, metrics = jax.vmap(evolution.tell)(states, asked,
+                                                       _per_seed(scores, count, candidates))
+        else:  # truncated evolution: the N evolutions' carried agents train as one
+            carried, scores = evolution.score_truncation(population, run_keys,
+                                                         _joint_agents(states.truncation))
+            told, metrics = jax.vmap(evolution.tell)(states, asked,
+                                                     _per_seed(scores, count, candidates))
+            states, metrics = jax.vmap(evolution.end_truncation)(
+                states, told, metrics, _agents_per_seed(carried, count))
         if self.mesh is not None:
             states, metrics = replicate((states, metrics), self.mesh)
         return states, metrics
+
+
+def _joint_keys(run_keys: jax.Array) -> jax.Array:
+    """``[N, E, C, S, 2]`` -> ``[E, N * C, S, 2]`` (evolution-major)."""
+    run_keys = jnp.swapaxes(run_keys, 0, 1)
+    return run_keys.reshape(run_keys.shape[0], -1, *run_keys.shape[3:])
+
+
+def _per_seed(scores, count: int, candidates: int):
+    """Scores of ``N * C`` candidates as ``N`` evolutions' ``[N, C, ...]``."""
+    return scores.replace(
+        returns=scores.returns.reshape(count, candidates, *scores.returns.shape[1:]),
+        valid=scores.valid.reshape(count, candidates, *scores.valid.shape[1:]),
+        reached=None if scores.reached is None else scores.reached.reshape(count,
+                                                                           candidates),
+        hyperparameters={  # [E, N*C, S] -> [N, E, C, S]
+            name: jnp.swapaxes(values.reshape(values.shape[0], count, candidates,
+                                              values.shape[-1]), 0, 1)
+            for name, values in scores.hyperparameters.items()})
+
+
+def _joint_agents(stacked):
+    """``N`` evolutions' carried agents (leaves ``[N, C * S, ...]``, keys ``[N, E, C, S,
+    2]``) as one population of ``N * C * S`` agents (keys ``[E, N * C, S, 2]``)."""
+    return stacked.replace(
+        agents=jax.tree.map(lambda x: x.reshape(-1, *x.shape[2:]), stacked.agents),
+        run_keys=_joint_keys(stacked.run_keys))
+
+
+def _agents_per_seed(joint, count: int):
+    """The inverse of :func:`_joint_agents`."""
+    keys = joint.run_keys.reshape(joint.run_keys.shape[0], count, -1,
+                                  *joint.run_keys.shape[2:])
+    return joint.replace(
+        agents=jax.tree.map(lambda x: x.reshape(count, -1, *x.shape[1:]), joint.agents),
+        run_keys=jnp.swapaxes(keys, 0, 1))
 
 
 class ReplicatedProgram:

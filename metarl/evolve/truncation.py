@@ -42,8 +42,10 @@ updates. That is why only these two strategies take ``truncations > 1``.
   mean of the runs of its environment and seed that did (no signal, no penalty); a run
   whose losses went non-finite ranks last, as in whole-run evolution.
 
-Not combined with ``es.rungs > 1`` (rungs stop candidates within one whole run) nor with
-``es.evolution_seeds > 1``.
+Not combined with ``es.rungs > 1`` (rungs stop candidates within one whole run). With
+``es.evolution_seeds > 1`` the ``N`` evolutions' agents train together
+(:mod:`metarl.evolve.replicated`), each evolution on its own schedule: one that resumed
+from an earlier truncation starts its new agents when its own unroll ends.
 """
 
 from __future__ import annotations
@@ -130,48 +132,61 @@ def _init_agents(learner, population, keys, hypers, chunk_size, mesh):
 def train_truncation(learners: Sequence[Any], population, new_run_keys: jax.Array,
                      carried: TruncationState, updates: Sequence[int], fitness_config,
                      chunk_size, mesh=None) -> tuple[TruncationState, jax.Array, jax.Array]:
-    """One truncation: start new agents (at truncation 0, from ``new_run_keys``) or
-    continue the carried ones, and advance every one ``K`` updates with its candidate's
-    meta-parameters. Pure; runs inside the jitted generation.
+    """One truncation of ``G`` evolutions' agents: start new agents where an evolution is
+    at truncation 0 (from ``new_run_keys``), continue the carried ones elsewhere, and
+    advance every one ``K`` updates with its candidate's meta-parameters, all ``G * C * S``
+    agents of an environment in one call. Pure; runs inside the jitted generation.
 
     Args:
         learners: one learner per environment ``E``.
-        population: the ``C`` candidates' meta-parameters (leading axis ``[C]``).
-        new_run_keys: ``[E, C, S, 2]`` the keys new agents start from.
-        carried: the agents of the previous truncation.
+        population: the ``P = G * C`` candidates' meta-parameters (leading axis ``[P]``,
+            evolution-major).
+        new_run_keys: ``[E, P, S, 2]`` the keys new agents start from.
+        carried: the agents of the previous truncation: per environment ``[P * S, ...]``,
+            ``run_keys [E, P, S, 2]``, ``truncation`` ``[]`` (one evolution) or ``[G]``.
         updates: ``K`` per environment (:func:`truncation_updates`).
         fitness_config: the :class:`~metarl.evolve.config.FitnessConfig`.
         chunk_size, mesh: as for :func:`metarl.sharding.advance_population`.
 
-    Returns ``(carried', returns [C, S, E], valid [C, S, E])``: the agents after the
+    Returns ``(carried', returns [P, S, E], valid [P, S, E])``: the agents after the
     truncation (``truncation`` and ``unroll_fitness`` unchanged: the tell moves them) and
     each run's fitness metric on its ``K`` updates, a run without a finished episode
-    scoring the mean of the others (module docstring).
+    scoring the mean of its evolution's others (module docstring).
     """
-    fresh = carried.truncation == 0
-    run_keys = jnp.where(fresh, new_run_keys, carried.run_keys)
-    num_candidates, num_seeds = run_keys.shape[1:3]
+    fresh = jnp.reshape(carried.truncation == 0, (-1,))  # [G]
+    groups = fresh.shape[0]
+    num_rows, num_seeds = new_run_keys.shape[1:3]
+    fresh_rows = jnp.repeat(fresh, num_rows // groups)  # [P]
+    run_keys = jnp.where(fresh_rows[None, :, None, None], new_run_keys, carried.run_keys)
+    fresh_runs = jnp.repeat(fresh_rows, num_seeds)  # [P * S]
     agents, returns, valid = [], [], []
     for env, learner in enumerate(learners):
         hypers = draw_hyperparameters(run_keys[env], learner.default_hypers, fitness_config)
-        start = jax.lax.cond(
-            fresh,
-            lambda keys=run_keys[env], hypers=hypers, learner=learner: _init_agents(
-                learner, population, keys, hypers, chunk_size, mesh),
-            lambda env=env: carried.agents[env])
-        meta, run_hypers = runs_of(population, hypers, num_candidates, num_seeds)
+
+        def restart(keys=run_keys[env], hypers=hypers, learner=learner, env=env):
+            new = _init_agents(learner, population, keys, hypers, chunk_size, mesh)
+            if groups == 1:  # one evolution: all of its agents start again
+                return new
+            return jax.tree.map(  # only the evolutions at their first truncation
+                lambda a, b: jnp.where(fresh_runs.reshape(-1, *[1] * (a.ndim - 1)), a, b),
+                new, carried.agents[env])
+
+        start = jax.lax.cond(jnp.any(fresh), restart, lambda env=env: carried.agents[env])
+        meta, run_hypers = runs_of(population, hypers, num_rows, num_seeds)
         state, metrics = advance_population(learner, start, meta, run_hypers, updates[env],
                                             chunk_size, mesh)
-        metrics = jax.tree.map(lambda x: x.reshape(num_candidates, num_seeds, *x.shape[1:]),
+        metrics = jax.tree.map(lambda x: x.reshape(num_rows, num_seeds, *x.shape[1:]),
                                metrics)
         env_returns = run_return(metrics, fitness_config)
         trained = jnp.all(metrics["finite"], axis=-1)
+        # no episode ended within the truncation: no signal, so the mean of the evolution's
+        # runs (same seed index) that did, or 0 where none did: every candidate alike
         finished = jnp.isfinite(env_returns)
-        # no episode ended within the truncation: no signal, so the mean of those that did
-        # (0 where none did: every candidate alike)
-        count = jnp.sum(finished, axis=0)
-        fill = jnp.sum(jnp.where(finished, env_returns, 0.0), axis=0) / jnp.maximum(count, 1)
-        env_returns = jnp.where(trained & ~finished, fill[None], env_returns)
+        per_group = (groups, num_rows // groups, num_seeds)
+        count = jnp.sum(finished.reshape(per_group), axis=1)  # [G, S]
+        total = jnp.sum(jnp.where(finished, env_returns, 0.0).reshape(per_group), axis=1)
+        fill = jnp.repeat(total / jnp.maximum(count, 1), num_rows // groups, axis=0)
+        env_returns = jnp.where(trained & ~finished, fill, env_returns)
         agents.append(state)
         returns.append(env_returns)
         valid.append(run_is_valid({"finite": metrics["finite"]}, env_returns))
