@@ -30,6 +30,7 @@ import math
 import os
 import shutil
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -47,6 +48,7 @@ from metarl.runs.layout import (
 )
 
 TMP_MARKER = "orbax-checkpoint-tmp"
+PARTIAL_SAVE_REMOVAL_ATTEMPTS = 5
 
 
 class DamagedCheckpoint(Exception):
@@ -235,8 +237,19 @@ class RunCheckpointer:
 
         if not distributed.is_primary():
             return
-        for path in self.incomplete():
-            if path.name.split(".")[0] == str(step):
+        try:  # let orbax's writer threads stop first: they may still be adding files
+            with quiet_orbax():
+                self.manager.wait_until_finished()
+        except Exception:  # noqa: BLE001 - the failed save's own error, reported by save()
+            pass
+        for attempt in range(PARTIAL_SAVE_REMOVAL_ATTEMPTS):
+            leftover = [path for path in self.incomplete()
+                        if path.name.split(".")[0] == str(step)]
+            if not leftover:
+                return
+            if attempt:  # a file written while the tree was removed: try again shortly
+                time.sleep(0.05 * attempt)
+            for path in leftover:
                 shutil.rmtree(path, ignore_errors=True)
 
     # ---- reading back
