@@ -215,10 +215,9 @@ class Evolution:
             baselines=jnp.asarray(baselines, jnp.float32),
         )
         if self.truncation_updates is not None:
-            asked = self.ask(state)
+            asked = jax.eval_shape(self.ask, state)  # the shapes of the first candidates
             state = TruncatedEvolutionState(**vars(state), truncation=empty_truncation_state(
-                self.learners, asked.population, asked.run_keys,
-                self._hypers(asked.run_keys)))
+                self.learners, asked.population, asked.run_keys, self._hypers))
         state = _strong(state)
         if self.mesh is not None:  # the placement every generation returns: compile once
             state = put_replicated(state, self.mesh)

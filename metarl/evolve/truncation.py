@@ -50,7 +50,7 @@ from an earlier truncation starts its new agents when its own unroll ends.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -100,18 +100,23 @@ def truncation_updates(learners: Sequence[Any], truncations: int) -> tuple[int, 
     return tuple(updates)
 
 
-def empty_truncation_state(learners: Sequence[Any], population, run_keys: jax.Array,
-                           hypers: Sequence) -> TruncationState:
+def empty_truncation_state(learners: Sequence[Any], population, run_keys,
+                           hypers_of: Callable[[Any], Sequence]) -> TruncationState:
     """A state of the right shapes and dtypes, filled with zeros (no computation): the
-    first generation starts every agent afresh, so the values are never read. The
-    arguments are those of :func:`train_truncation`."""
+    first generation starts every agent afresh, so the values are never read.
 
-    def agents_of(population, run_keys, hypers):
-        return tuple(_init_agents(learner, population, keys, env_hypers, None, None)
-                     for learner, keys, env_hypers in zip(learners, run_keys, hypers,
-                                                          strict=True))
+    Args:
+        learners, population, run_keys: as for :func:`train_truncation` (arrays or
+            :class:`jax.ShapeDtypeStruct` s: only their shapes are used).
+        hypers_of: ``run_keys -> `` per environment the runs' hyperparameters.
+    """
 
-    shapes = jax.eval_shape(agents_of, population, run_keys, hypers)
+    def agents_of(population, run_keys):
+        return tuple(_init_agents(learner, population, keys, env_hypers, "auto", None)
+                     for learner, keys, env_hypers in zip(learners, run_keys,
+                                                          hypers_of(run_keys), strict=True))
+
+    shapes = jax.eval_shape(agents_of, population, run_keys)
     return TruncationState(
         agents=jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes),
         run_keys=jnp.zeros(run_keys.shape, run_keys.dtype),
@@ -125,8 +130,7 @@ def _init_agents(learner, population, keys, hypers, chunk_size, mesh):
     num_candidates, num_seeds = keys.shape[:2]
     meta, env_hypers = runs_of(population, hypers, num_candidates, num_seeds)
     flat_keys = keys.reshape(num_candidates * num_seeds, *keys.shape[2:])
-    return init_population(learner, flat_keys, meta, env_hypers,
-                           "auto" if chunk_size is None else chunk_size, mesh)
+    return init_population(learner, flat_keys, meta, env_hypers, chunk_size, mesh)
 
 
 def train_truncation(learners: Sequence[Any], population, new_run_keys: jax.Array,

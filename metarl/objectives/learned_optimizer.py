@@ -107,11 +107,18 @@ def check_options(hidden_sizes: Any, timescales: Any, max_log_scale: Any,
     if not scales or not all(0.0 < t < 1.0 for t in scales):
         raise ValueError(f"timescales: every momentum timescale must lie in (0, 1) "
                          f"(open interval), got {timescales!r}")
-    for name, value in (("max_log_scale", max_log_scale), ("max_additive", max_additive)):
-        if (isinstance(value, bool) or not isinstance(value, int | float)
-                or not math.isfinite(value) or value <= 0):
-            raise ValueError(f"{name}: must be a positive finite number, got {value!r}")
+    check_bound("max_log_scale", max_log_scale)
+    check_bound("max_additive", max_additive)
     return hidden, scales
+
+
+def check_bound(name: str, value: Any) -> float:
+    """``value`` as a float if it is a positive finite number; else ``ValueError`` naming
+    the option ``name``."""
+    if (isinstance(value, bool) or not isinstance(value, int | float)
+            or not math.isfinite(value) or value <= 0):
+        raise ValueError(f"{name}: must be a positive finite number, got {value!r}")
+    return float(value)
 
 
 def num_features(timescales: Sequence[float], num_extra: int = 0) -> int:
@@ -211,6 +218,26 @@ def learned_rule(
     return optax.GradientTransformationExtraArgs(init, update)
 
 
+def rule_term(name: str, hidden_sizes: Sequence[int], timescales: Sequence[float],
+              max_log_scale: float, max_additive: float,
+              extra_features: ExtraFeatures | None = None, num_extra: int = 0,
+              max_noise: float | None = None) -> OptimizerTerm:
+    """The optimiser term ``name`` of a :func:`learned_rule` (options checked): its MLP has
+    ``num_features(timescales, num_extra)`` inputs and 2 outputs, 3 with ``max_noise``."""
+    hidden, scales = check_options(hidden_sizes, timescales, max_log_scale, max_additive)
+    max_log_scale, max_additive = float(max_log_scale), float(max_additive)
+    outputs = 2 if max_noise is None else 3
+
+    def init(key: jax.Array) -> dict:
+        return init_rule(key, hidden, num_features(scales, num_extra), outputs)
+
+    def transformation(meta_params: dict) -> optax.GradientTransformationExtraArgs:
+        return learned_rule(meta_params, scales, max_log_scale, max_additive,
+                            extra_features=extra_features, max_noise=max_noise)
+
+    return OptimizerTerm(name, init, transformation)
+
+
 def learned_optimizer_term(
     hidden_sizes: Sequence[int] = DEFAULT_HIDDEN_SIZES,
     timescales: Sequence[float] = DEFAULT_TIMESCALES,
@@ -218,16 +245,8 @@ def learned_optimizer_term(
     max_additive: float = DEFAULT_MAX_ADDITIVE,
 ) -> OptimizerTerm:
     """The optimiser term of :func:`make_learned_optimizer` (options checked)."""
-    hidden, scales = check_options(hidden_sizes, timescales, max_log_scale, max_additive)
-    max_log_scale, max_additive = float(max_log_scale), float(max_additive)
-
-    def init(key: jax.Array) -> dict:
-        return init_rule(key, hidden, num_features(scales), 2)
-
-    def transformation(meta_params: dict) -> optax.GradientTransformationExtraArgs:
-        return learned_rule(meta_params, scales, max_log_scale, max_additive)
-
-    return OptimizerTerm("learned_optimizer", init, transformation)
+    return rule_term("learned_optimizer", hidden_sizes, timescales, max_log_scale,
+                     max_additive)
 
 
 @register_objective("learned_optimizer", slots=("optimizer",), baselines=("ppo",))

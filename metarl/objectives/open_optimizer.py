@@ -48,7 +48,6 @@ Meta-parameters: ``{"policy": {}, "value": {}, "optimizer": {"layers": [{"w": [F
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Sequence
 from typing import Any
@@ -63,10 +62,8 @@ from metarl.objectives.learned_optimizer import (
     DEFAULT_MAX_ADDITIVE,
     DEFAULT_MAX_LOG_SCALE,
     DEFAULT_TIMESCALES,
-    check_options,
-    init_rule,
-    learned_rule,
-    num_features,
+    check_bound,
+    rule_term,
 )
 from metarl.objectives.registry import register_objective
 
@@ -139,21 +136,9 @@ def open_optimizer_term(
     max_noise: float = DEFAULT_MAX_NOISE,
 ) -> OptimizerTerm:
     """The optimiser term of :func:`make_open_optimizer` (options checked)."""
-    hidden, scales = check_options(hidden_sizes, timescales, max_log_scale, max_additive)
-    if (isinstance(max_noise, bool) or not isinstance(max_noise, int | float)
-            or not math.isfinite(max_noise) or max_noise <= 0):
-        raise ValueError(f"max_noise: must be a positive finite number, got {max_noise!r}")
-    max_log_scale, max_additive, max_noise = (float(max_log_scale), float(max_additive),
-                                              float(max_noise))
-
-    def init(key: jax.Array) -> dict:
-        return init_rule(key, hidden, num_features(scales, NUM_EXTRA_INPUTS), 3)
-
-    def transformation(meta_params: dict) -> optax.GradientTransformationExtraArgs:
-        return learned_rule(meta_params, scales, max_log_scale, max_additive,
-                            extra_features=open_features, max_noise=max_noise)
-
-    return OptimizerTerm("open_optimizer", init, transformation)
+    return rule_term("open_optimizer", hidden_sizes, timescales, max_log_scale, max_additive,
+                     extra_features=open_features, num_extra=NUM_EXTRA_INPUTS,
+                     max_noise=check_bound("max_noise", max_noise))
 
 
 @register_objective("open_optimizer", slots=("optimizer",), baselines=("ppo",))
