@@ -172,8 +172,9 @@ def main() -> None:
             full_budget) for seed in range(args.seeds)]
         print(f"{method}: evolved", flush=True)
 
-    l2 = held_out(make_objective(base.objective.name, **base.objective.options),
-                  objective.init(jax.random.PRNGKey(0)), inner, fitness, args.held_out, "l2")
+    # the search's start is L2 exactly (the learned weight starts at 1)
+    l2 = held_out(objective, objective.init(jax.random.PRNGKey(0)), inner, fitness,
+                  args.held_out, "l2")
     scores = {method: [[held_out(objective, point["meta_params"], inner, fitness,
                                  args.held_out, method) for point in run["checkpoints"]]
                        for run in seed_runs] for method, seed_runs in runs.items()}
