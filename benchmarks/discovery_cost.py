@@ -16,16 +16,21 @@ in ``--fractions`` (the full run also at its end) the search centre is trained o
 judged, pooled over evolution seeds with the held-out seed as the resampling unit
 (:func:`metarl.stats.pooled_probability_of_improvement`):
 
-- against the objective's starting point, L2 at the experiment's setting (the same
-  held-out seeds), and
+- against the objective's starting point at the experiment's setting, on the same held-out
+  seeds (L2 for the value distance, PPO's clip for an LPO drift started at it), and
 - against the full-budget run's final objective of the same evolution seed.
 
 A method *reaches* the full run's verdict at the first fraction where its verdict against
-L2 is the full run's and it is not worse than the full run. Seconds are the generations'
+the start is the full run's and it is not worse than the full run. Seconds are the generations'
 own (compilation apart, listed separately), measured in one process per method with the
 generations run back to back.
 
     python benchmarks/discovery_cost.py --seeds 3 --out docs/results/discovery_cost.json
+
+An experiment with several ``[[inner]]`` tables (e.g. ``experiments/lpo_cpu.toml``, CartPole
+and Acrobot) is judged on all of them: a held-out unit is one (environment, seed) pair, both
+objectives paired on it, so P(improvement) averages over environments without mixing their
+scales; the held-out means are reported per environment.
 
 Writes the JSON document (and a figure next to it: held-out mean return against
 agent-steps) and prints a summary.
@@ -96,12 +101,19 @@ def run_method(config, seed: int, budget_steps: int, fractions: list[float],
             "checkpoints": checkpoints}
 
 
-def held_out(objective, meta_params, inner, fitness: FitnessConfig, seeds: int,
+def held_out(objective, meta_params, inners, fitness: FitnessConfig, seeds: int,
              name: str) -> np.ndarray:
-    """``[S]`` held-out returns (the fitness metric) of ``objective`` at ``meta_params``."""
-    result = evaluate_objective(objective, meta_params, inner, fitness, seeds,
-                                DEFAULT_EVAL_SEED, name)
-    return np.asarray(result.returns, np.float64)
+    """``[E * S]`` held-out returns (the fitness metric) of ``objective`` at
+    ``meta_params`` on each of the ``E`` ``inners``, environment-major."""
+    return np.concatenate([
+        np.asarray(evaluate_objective(objective, meta_params, inner, fitness, seeds,
+                                      DEFAULT_EVAL_SEED, name).returns, np.float64)
+        for inner in inners])
+
+
+def by_env(scores: np.ndarray, env_ids: list[str]) -> dict[str, np.ndarray]:
+    """``[..., E * S]`` environment-major scores -> ``{env_id: [..., S]}``."""
+    return dict(zip(env_ids, np.split(scores, len(env_ids), axis=-1)))
 
 
 def judge(x: np.ndarray, y: np.ndarray) -> dict:
@@ -117,20 +129,23 @@ def plot(report: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure, axis = plt.subplots(figsize=(6.4, 4.2))
-    for method, rows in report["methods"].items():
-        steps = [row["agent_steps_mean"] for row in rows["points"]]
-        means = [row["held_out_mean"] for row in rows["points"]]
-        spread = [row["held_out_seed_std"] for row in rows["points"]]
-        axis.errorbar(steps, means, yerr=spread, marker="o", capsize=3, label=method)
-    axis.axhline(report["l2"]["held_out_mean"], color="0.4", linestyle="--",
-                 label="L2 (start)")
-    axis.set_xscale("log")
-    axis.set_xlabel("agent-steps spent by the search (per evolution seed)")
-    axis.set_ylabel("held-out mean return of the search centre")
-    axis.set_title(f"{report['experiment']}: {report['seeds']} evolution seeds, "
-                   f"{report['held_out_seeds']} held-out", fontsize=9)
-    axis.legend(fontsize=8)
+    env_ids = report["env_ids"]
+    figure, axes = plt.subplots(1, len(env_ids), figsize=(6.4 * len(env_ids), 4.2),
+                                squeeze=False)
+    for axis, env_id in zip(axes[0], env_ids):
+        for method, rows in report["methods"].items():
+            steps = [row["agent_steps_mean"] for row in rows["points"]]
+            means = [row["held_out_mean"][env_id] for row in rows["points"]]
+            spread = [row["held_out_seed_std"][env_id] for row in rows["points"]]
+            axis.errorbar(steps, means, yerr=spread, marker="o", capsize=3, label=method)
+        axis.axhline(report["start"]["held_out_mean"][env_id], color="0.4", linestyle="--",
+                     label=f"{report['start']['name']} (start)")
+        axis.set_xscale("log")
+        axis.set_xlabel("agent-steps spent by the search (per evolution seed)")
+        axis.set_ylabel(f"held-out mean return on {env_id}")
+        axis.set_title(f"{report['experiment']}: {report['seeds']} evolution seeds, "
+                       f"{report['held_out_seeds']} held-out", fontsize=9)
+        axis.legend(fontsize=8)
     figure.tight_layout()
     figure.savefig(path, dpi=120)
     plt.close(figure)
@@ -148,6 +163,9 @@ def main() -> None:
     parser.add_argument("--fractions", default="0.125,0.25,0.5")
     parser.add_argument("--generations", type=int, default=None,
                         help="the full run's generations (default: the experiment's)")
+    parser.add_argument("--start-name", default=None,
+                        help="what the search starts from, for the report (default: L2 "
+                             "for a value distance, PPO for a drift)")
     parser.add_argument("--out", default="docs/results/discovery_cost.json")
     args = parser.parse_args()
     metarl.use_cpu_cores()  # one JAX CPU device per core, before JAX starts
@@ -160,7 +178,10 @@ def main() -> None:
     fractions = [float(f) for f in args.fractions.split(",")]
     full_budget = Evolution(base).agent_steps_per_generation * base.es.generations
     objective = make_objective(base.objective.name, **base.objective.options)
-    inner, fitness = base.inner[0], base.fitness
+    inners, fitness = list(base.inner), base.fitness
+    env_ids = [inner.env_id for inner in inners]
+    start_name = args.start_name or ("PPO" if base.objective.name in ("lpo", "ta_lpo")
+                                     else "L2")
 
     runs = {}
     for method in methods:
@@ -172,16 +193,18 @@ def main() -> None:
             full_budget) for seed in range(args.seeds)]
         print(f"{method}: evolved", flush=True)
 
-    # the search's start is L2 exactly (the learned weight starts at 1)
-    l2 = held_out(objective, objective.init(jax.random.PRNGKey(0)), inner, fitness,
-                  args.held_out, "l2")
-    scores = {method: [[held_out(objective, point["meta_params"], inner, fitness,
+    # the search's start is the baseline exactly (L2's weight starts at 1; an LPO drift
+    # with ppo_init starts at PPO's clip)
+    start = held_out(objective, objective.init(jax.random.PRNGKey(0)), inners, fitness,
+                     args.held_out, "start")
+    scores = {method: [[held_out(objective, point["meta_params"], inners, fitness,
                                  args.held_out, method) for point in run["checkpoints"]]
                        for run in seed_runs] for method, seed_runs in runs.items()}
     full_final = np.stack([seed[-1] for seed in scores["open_es"]]) if "open_es" in scores \
         else None
-    l2_rows = np.broadcast_to(l2, (args.seeds, l2.size))
-    full_verdict = judge(full_final, l2_rows)["verdict"] if full_final is not None else None
+    start_rows = np.broadcast_to(start, (args.seeds, start.size))
+    full_verdict = (judge(full_final, start_rows)["verdict"] if full_final is not None
+                    else None)
 
     report = {
         "benchmark": "discovery_cost",
@@ -192,8 +215,12 @@ def main() -> None:
         "load_average_at_end": os.getloadavg(),
         "seeds": args.seeds, "held_out_seeds": args.held_out,
         "eval_seed": DEFAULT_EVAL_SEED, "full_budget_agent_steps": full_budget,
-        "full_verdict_vs_l2": full_verdict,
-        "l2": {"held_out_mean": float(np.mean(l2)), "returns": l2.tolist()},
+        "env_ids": env_ids,
+        "full_verdict_vs_start": full_verdict,
+        "start": {"name": start_name,
+                  "held_out_mean": {env: float(np.mean(s))
+                                    for env, s in by_env(start, env_ids).items()},
+                  "returns": start.tolist()},
         "methods": {},
     }
     for method, seed_runs in runs.items():
@@ -208,13 +235,15 @@ def main() -> None:
                                                    for run in seed_runs])),
                 "seconds_mean": float(np.mean([run["checkpoints"][index]["seconds"]
                                                for run in seed_runs])),
-                "held_out_mean": float(np.mean(x)),
-                "held_out_seed_std": float(np.std(np.mean(x, axis=1))),
-                "vs_l2": judge(x, l2_rows),
+                "held_out_mean": {env: float(np.mean(s))
+                                  for env, s in by_env(x, env_ids).items()},
+                "held_out_seed_std": {env: float(np.std(np.mean(s, axis=1)))
+                                      for env, s in by_env(x, env_ids).items()},
+                "vs_start": judge(x, start_rows),
             }
             if full_final is not None:
                 row["vs_full"] = judge(x, full_final)
-                if (reached is None and row["vs_l2"]["verdict"] == full_verdict
+                if (reached is None and row["vs_start"]["verdict"] == full_verdict
                         and row["vs_full"]["verdict"] != "worse"):
                     reached = row["fraction"]
             rows.append(row)
@@ -235,12 +264,14 @@ def main() -> None:
     for method, entry in report["methods"].items():
         for row in entry["points"]:
             versus = row.get("vs_full", {})
+            means = " ".join(f"{v:7.1f}" for v in row["held_out_mean"].values())
             print(f"{method:8s} {row['fraction']:6.3f} B  {row['agent_steps_mean']:>11.0f} "
-                  f"steps {row['seconds_mean']:7.1f} s  held-out {row['held_out_mean']:7.1f}"
-                  f"  vs L2 {row['vs_l2']['p_improvement']:.2f} {row['vs_l2']['verdict']:>20s}"
+                  f"steps {row['seconds_mean']:7.1f} s  held-out {means}"
+                  f"  vs {start_name} {row['vs_start']['p_improvement']:.2f} "
+                  f"{row['vs_start']['verdict']:>20s}"
                   f"  vs full {versus.get('p_improvement', math.nan):.2f} "
                   f"{versus.get('verdict', '-')}")
-    print(f"full run vs L2: {full_verdict}; written {out}")
+    print(f"full run vs {start_name}: {full_verdict}; written {out}")
 
 
 def _plain(value):

@@ -11,6 +11,8 @@ something does *not* recompile (e.g. new hyperparameter values are traced, not s
 
 from __future__ import annotations
 
+import json
+import os
 from collections import defaultdict
 from dataclasses import dataclass, field
 
@@ -108,6 +110,11 @@ def pytest_terminal_summary(terminalreporter):
     ranked = sorted(per_test.items(), key=lambda kv: -sum(kv[1]))
     for test, seconds in ranked[:8]:
         terminalreporter.write_line(f"{sum(seconds):7.1f} s {len(seconds):4d} x  {test}")
+    # For finding where the suite's time goes: every compilation, to a JSON file.
+    dump = os.environ.get("METARL_COMPILE_LOG")
+    if dump:
+        with open(dump, "w") as file:
+            json.dump([list(event) for event in _LOG.events], file)
 
 
 @pytest.fixture(scope="session")
