@@ -1,8 +1,8 @@
 """Soak test of killing and resuming: a run killed with SIGKILL at random moments, many
 times, and resumed each time, must finish equal to the same run left alone.
 
-Runs a tiny evolution (``metarl evolve``) once uninterrupted as the reference, then again
-under a killer, in a fresh directory per run: each attempt starts ``metarl evolve`` (or
+Runs a tiny evolution (``metarl run``) once uninterrupted as the reference, then again
+under a killer, in a fresh directory per run: each attempt starts ``metarl run`` (or
 ``metarl resume`` once the directory holds a config), waits a random time and sends SIGKILL;
 a run ends when an attempt finishes before its kill (or is left to finish after
 ``--max-kills-per-run`` kills), and new runs are killed until ``--kills`` kills are done.
