@@ -1,6 +1,7 @@
 """The optimiser slot and the learned optimisers (``learned_optimizer``, ``open_optimizer``):
-Adam at initialisation, exact PPO training, jit + vmap, resumption, errors, and a short
-evolution on a planted problem."""
+Adam at initialisation, exact PPO training, jit + vmap, resumption, errors, a short
+evolution on a planted problem, the figure of the learned update, and the evaluation tuned
+against Adam."""
 
 from __future__ import annotations
 
@@ -9,14 +10,20 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from _evaluation_run import TINY as TINY_RUN
+from _evaluation_run import write_run
+from matplotlib.figure import Figure
 
 from inner_loops import ppo, registry
 from inner_loops.dqn import DQNConfig
 from inner_loops.objective import Objective
 from metarl.evolve.config import ESConfig
+from metarl.evolve.evaluate import evaluate_run
 from metarl.evolve.strategies import ask_search, build_strategy, init_search, tell_search
-from metarl.objectives import get_objective, make_objective
+from metarl.objectives import get_objective, learned_optimizer, make_objective, open_optimizer
+from metarl.objectives.learned_optimizer import LearnedOptState, update_at
 from metarl.objectives.open_optimizer import dormancy, layer_positions
+from metarl.objectives.registry import RunFigureRequest
 
 OPTIMIZERS = ("learned_optimizer", "open_optimizer")
 # 8 updates of a 4 x 16 batch, two epochs of two minibatches: a second or two per compile
@@ -247,3 +254,143 @@ def test_short_evolution_on_a_planted_problem_improves_fitness():
         es_state, values = generation(es_state, jax.random.PRNGKey(10 + index), index)
     final = float(fitness(strategy.get_mean(es_state)))
     assert final > initial + 0.01 * abs(initial), (initial, final)
+
+
+# --------------------------------------------------------------------------------------
+# the figure of the learned update
+
+GRID_OF = {"learned_optimizer": learned_optimizer.update_grid,
+           "open_optimizer": open_optimizer.update_grid}
+
+
+def perturbed(meta_params, scale=1.0, seed=5):
+    """``meta_params`` plus normal noise: a rule far from Adam."""
+    leaves, treedef = jax.tree.flatten(meta_params)
+    keys = jax.random.split(jax.random.PRNGKey(seed), len(leaves))
+    return treedef.unflatten([x + scale * jax.random.normal(k, x.shape)
+                              for x, k in zip(leaves, keys, strict=True)])
+
+
+@pytest.mark.parametrize("name", OPTIMIZERS)
+def test_the_drawn_update_at_initialisation_is_adams_direction(name):
+    """On the figure's grid (3 progresses x 3 momenta x 121 gradients) the rule at
+    initialisation gives Adam's direction ``0.9 m + 0.1 x`` exactly, with no noise."""
+    optimizer_params = make_objective(name).init(jax.random.PRNGKey(0))["optimizer"]
+    grid = GRID_OF[name](optimizer_params)
+    assert grid.update.shape == grid.noise_std.shape == (3, 3, 121)
+    x, m = np.asarray(grid.gradients), np.asarray(grid.momenta)
+    np.testing.assert_allclose(grid.adam, 0.9 * m[:, None] + 0.1 * x[None, :], atol=1e-6)
+    np.testing.assert_array_equal(grid.update, np.broadcast_to(grid.adam, (3, 3, 121)))
+    np.testing.assert_array_equal(grid.noise_std, 0.0)
+
+
+@pytest.mark.parametrize("name", OPTIMIZERS)
+def test_the_drawn_update_is_the_rules_step_at_those_inputs(name):
+    """A rule far from Adam steps a ``[4, 3]`` kernel whose momenta (Adam's and every
+    timescale's) were ``mu`` before the step, late in training (bias corrections 1). The
+    grid function at ``x = g / (sqrt(v_hat) + eps)``, ``m = mu / (sqrt(v_hat) + eps)``
+    (and, for OPEN, that kernel's dormancy and layer position) gives the same update; for
+    OPEN the rest is its noise, ``std * eps`` with the step's own normal draw."""
+    objective = make_objective(name)
+    meta_params = perturbed(objective.init(jax.random.PRNGKey(0))["optimizer"])
+    rule = objective.optimizer_transformation({"optimizer": meta_params})
+    keys = jax.random.split(jax.random.PRNGKey(11), 3)
+    shape = (4, 3)
+    params = {"net": {"Dense_0": {"kernel": jnp.zeros(shape)}}}
+    grads = {"net": {"Dense_0": {"kernel": 2.0 * jax.random.normal(keys[0], shape)}}}
+    mu = {"net": {"Dense_0": {"kernel": jax.random.normal(keys[1], shape)}}}
+    nu = {"net": {"Dense_0": {"kernel": jnp.exp(jax.random.normal(keys[2], shape))}}}
+    state = LearnedOptState(optax.ScaleByAdamState(jnp.asarray(200_000, jnp.int32), mu, nu),
+                            (mu,) * len(learned_optimizer.DEFAULT_TIMESCALES))
+    noise_key = jax.random.PRNGKey(4)
+    updates, new_state = rule.update(grads, state, params, progress=0.3, key=noise_key)
+
+    scale = 1.0 / (jnp.sqrt(new_state.adam.nu["net"]["Dense_0"]["kernel"])
+                   + learned_optimizer.ADAM_EPS)
+    g = grads["net"]["Dense_0"]["kernel"]
+    extra = {}
+    if name == "open_optimizer":
+        extra = {"extra_inputs": (dormancy(new_state.adam.mu["net"]["Dense_0"]["kernel"]),
+                                  layer_positions(params)[0]),
+                 "max_noise": open_optimizer.DEFAULT_MAX_NOISE}
+    update, noise_std, adam = update_at(meta_params, g * scale,
+                                        mu["net"]["Dense_0"]["kernel"] * scale, 0.3, **extra)
+    got = np.asarray(updates["net"]["Dense_0"]["kernel"])
+    assert not np.allclose(update, adam, atol=0.1)  # the rule is far from Adam here
+    if name == "learned_optimizer":
+        np.testing.assert_array_equal(noise_std, 0.0)
+        np.testing.assert_allclose(got, update, rtol=1e-5, atol=1e-6)
+    else:
+        eps = jax.random.normal(jax.random.split(noise_key, 1)[0], shape)
+        assert np.any(np.asarray(noise_std) > 0.1)
+        np.testing.assert_allclose(np.abs(got - update), noise_std * np.abs(eps),
+                                   rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", OPTIMIZERS)
+def test_metarl_plot_draws_the_learned_update_of_each_candidate(name):
+    """The registered ``plot`` hook: one figure, a row per candidate and a panel per
+    progress; OPEN's noise band only where the noise is not zero (the perturbed
+    candidate's, not the one at initialisation)."""
+    objective = make_objective(name)
+    initial = objective.init(jax.random.PRNGKey(0))
+    best = {**initial, "optimizer": perturbed(initial["optimizer"])}
+    request = RunFigureRequest(run_name="tiny", candidates={"mean": initial, "best": best},
+                               options={"hidden_sizes": [16]}, inner=TINY, generation=3)
+    figures = get_objective(name).plot(request)
+    assert list(figures) == ["learned_update"]
+    fig = figures["learned_update"]
+    assert isinstance(fig, Figure)
+    axes = fig.get_axes()
+    assert [ax.get_title() for ax in axes[:3]] == [
+        "search mean: progress 0", "search mean: progress 0.5", "search mean: progress 1"]
+    assert len(axes) == 6 and axes[3].get_title() == "best candidate: progress 0"
+    mean_lines = [line.get_ydata() for line in axes[0].get_lines()][:6]
+    for adams, learned in zip(mean_lines[::2], mean_lines[1::2], strict=True):
+        np.testing.assert_array_equal(learned, adams)  # at initialisation: on Adam's
+    bands = [len(ax.collections) for ax in axes]
+    assert bands == ([0] * 6 if name == "learned_optimizer" else [0] * 3 + [3] * 3)
+    assert get_objective(name).plot(
+        RunFigureRequest("empty", {}, {}, TINY, 0)) == {}
+
+
+# --------------------------------------------------------------------------------------
+# evaluation against Adam with tuned learning rates
+
+TUNE_GRID = {"clip_eps": [0.2], "learning_rate": [1 / 3, 1.0]}
+
+
+def test_a_tuned_evaluation_compares_with_adam_at_its_best_learning_rate(tmp_path):
+    """``metarl evaluate --tune`` on a saved ``learned_optimizer`` run at initialisation:
+    ``ppo`` (Adam) searches its grid, the learned optimiser the learning rate with as many
+    settings; the record keeps the grids, each setting's scores and the choice, and both
+    default and tuned rows. The learned optimiser at initialisation is Adam, so every
+    setting scores as Adam's at the same learning rate."""
+    inner = {"env_id": "CartPole-v1", "num_envs": 4, "num_steps": 16,
+             "total_timesteps": 512, "update_epochs": 2, "num_minibatches": 2,
+             "hidden_sizes": [8], "learning_rate": 0.005}
+    run_dir = write_run(tmp_path / "run", {
+        **TINY_RUN, "name": "tiny_learned_optimizer", "inner": inner,
+        "objective": {"name": "learned_optimizer", "options": {"hidden_sizes": [8]}}})
+    report = evaluate_run(run_dir, seeds=2, baselines=["ppo"], tune=True, tune_seeds=2,
+                          tune_grid=TUNE_GRID)
+
+    assert [r["objective"] for r in report["results"]] == [
+        "evolved", "ppo", "evolved (tuned)", "ppo (tuned)"]
+    records = report["tuning"]["environments"]["CartPole-v1"]
+    evolved, adam = records["evolved"], records["ppo"]
+    assert adam["grid"] == TUNE_GRID
+    assert evolved["grid"] == {"learning_rate": [1 / 3, 1.0]}  # the shared knob only
+    assert evolved["budget"] == adam["budget"] == {"settings": 2, "seeds": 2, "runs": 4}
+    for record in (evolved, adam):
+        means = [s["mean"] for s in record["settings"]]
+        assert record["chosen_index"] == int(np.argmax(means))
+        assert record["chosen"] == record["settings"][record["chosen_index"]]["setting"]
+    assert [s["setting"]["learning_rate"] for s in evolved["settings"]] == [
+        pytest.approx(0.005 / 3), 0.005]
+    for ours, theirs in zip(evolved["settings"], adam["settings"], strict=True):
+        np.testing.assert_allclose(ours["returns"], theirs["returns"], rtol=1e-4)
+    assert evolved["chosen"]["learning_rate"] == adam["chosen"]["learning_rate"]
+    for ours, theirs in zip(report["results"][0::2], report["results"][1::2], strict=True):
+        assert len(ours["returns"]) == 2 and ours["invalid"] == 0
+        np.testing.assert_allclose(ours["returns"], theirs["returns"], rtol=1e-4)

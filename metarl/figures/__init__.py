@@ -10,6 +10,7 @@ an objective's plot hook), which pass in what is to be drawn.
   several runs' evaluations and performance profiles;
 - :mod:`.drift`: drift functions ``D(r, A)`` and their change over training;
 - :mod:`.value_distance`: a learned value distance against L2;
+- :mod:`.learned_optimizer`: a learned update rule against the gradient, next to Adam's;
 - :mod:`.distill`: distilled formulas over the network they were fitted to;
 - :mod:`.population`: PBT, CEM-RL and DvD runs;
 - :mod:`.style`: colours, figure construction, mean-and-interval bands.
@@ -21,6 +22,7 @@ from metarl.figures.drift import (
     plot_drift_slices,
     plot_temporal_drift,
 )
+from metarl.figures.learned_optimizer import plot_learned_update
 from metarl.figures.population import plot_cem_rl, plot_dvd, plot_pbt
 from metarl.figures.records import (
     plot_fitness,
@@ -37,6 +39,7 @@ __all__ = [
     "plot_drift_slices",
     "plot_dvd",
     "plot_fitness",
+    "plot_learned_update",
     "plot_learning_curves",
     "plot_pbt",
     "plot_sweep_curves",

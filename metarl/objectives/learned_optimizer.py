@@ -45,6 +45,17 @@ depend on the meta-parameters.
 adds per parameter against Adam's handful; see ``docs/guides/objectives.md`` for measured
 times.
 
+**Figure** (``metarl plot RUN``, :func:`update_grid`). The rule is drawn as a function of
+its inputs: the update ``u`` against the normalised gradient ``x = g / (sqrt(v_hat) + eps)``
+in ``[-3, 3]``, one line per previous momentum ``m`` in ``{-1, 0, 1}`` (the momentum before
+this step, in the same units), one panel per progress 0, 0.5 and 1, with Adam's direction at
+the same inputs dashed. The inputs follow from ``(x, m)`` as in a step of the rule where
+every timescale's momentum and Adam's first moment were ``m`` before the step (a steady
+gradient history) and Adam's first-moment bias correction has run out (``1 - 0.9^t``
+rounds to 1 in float32 after about 165 steps): momentum ``beta m + (1 - beta) x`` at each
+timescale and Adam's direction ``d = 0.9 m + 0.1 x``. At initialisation every line lies on
+Adam's.
+
 Meta-parameters: ``{"policy": {}, "value": {}, "optimizer": {"layers": [{"w": [F, h1],
 "b": [h1]}, ..., {"w": [hL, 2], "b": [2]}]}}``, float32.
 """
@@ -52,16 +63,17 @@ Meta-parameters: ``{"policy": {}, "value": {}, "optimizer": {"layers": [{"w": [F
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from inner_loops.objective import Objective, OptimizerTerm
 from metarl.objectives.mlp import apply_mlp, init_mlp
-from metarl.objectives.registry import register_objective
+from metarl.objectives.registry import RunFigureRequest, register_objective
 
 DEFAULT_HIDDEN_SIZES = (16,)
 DEFAULT_TIMESCALES = (0.5, 0.9, 0.99)
@@ -69,6 +81,11 @@ ADAM_B1, ADAM_B2, ADAM_EPS = 0.9, 0.999, 1e-5  # PPO's scale_by_adam(eps=1e-5)
 FEATURE_CLIP = 10.0
 DEFAULT_MAX_LOG_SCALE = 3.0
 DEFAULT_MAX_ADDITIVE = 1.0
+# The figure of the rule: normalised gradients on the x-axis, a line per previous momentum,
+# a panel per training progress (see the module docstring).
+DRAWN_GRADIENT_RANGE = (-3.0, 3.0)
+DRAWN_MOMENTA = (-1.0, 0.0, 1.0)
+DRAWN_PROGRESSES = (0.0, 0.5, 1.0)
 
 # (grads, adam_state, params) -> per leaf, [*leaf_shape, E] extra per-parameter inputs
 ExtraFeatures = Callable[[Any, optax.ScaleByAdamState, Any], Any]
@@ -142,11 +159,29 @@ def base_features(grads: Any, adam_state: optax.ScaleByAdamState, direction: Any
 
     def leaf(g, nu, d, *ms):
         scale = 1.0 / (jnp.sqrt(nu / correction) + ADAM_EPS)
-        columns = [g * scale, *(m * scale for m in ms), d,
-                   jnp.broadcast_to(progress, g.shape).astype(g.dtype)]
-        return jnp.clip(jnp.stack(columns, axis=-1), -FEATURE_CLIP, FEATURE_CLIP)
+        return stack_features(g * scale, [m * scale for m in ms], d, progress)
 
     return jax.tree.map(leaf, grads, adam_state.nu, direction, *momenta)
+
+
+def stack_features(gradient: jax.Array, momenta: Sequence[jax.Array], direction: jax.Array,
+                   progress: jax.Array) -> jax.Array:
+    """The base inputs in the network's order, clipped to ``±FEATURE_CLIP``:
+    ``[*shape, k + 3]`` from the normalised gradient, the ``k`` normalised momenta and
+    Adam's direction (each ``[*shape]``) and ``progress`` (broadcast to ``shape``)."""
+    columns = [gradient, *momenta, direction,
+               jnp.broadcast_to(progress, gradient.shape).astype(gradient.dtype)]
+    return jnp.clip(jnp.stack(columns, axis=-1), -FEATURE_CLIP, FEATURE_CLIP)
+
+
+def rule_outputs(meta_params: dict, features: jax.Array, direction: jax.Array,
+                 max_log_scale: float, max_additive: float) -> tuple[jax.Array, jax.Array]:
+    """The rule's deterministic update ``d exp(a tanh(o_1)) + b tanh(o_2)`` and the MLP's
+    outputs ``o``: ``features [..., F]`` and ``direction [...]`` -> ``([...], [..., 2 or 3])``."""
+    o = apply_mlp(meta_params, features)
+    u = direction * jnp.exp(max_log_scale * jnp.tanh(o[..., 0])) + max_additive * jnp.tanh(
+        o[..., 1])
+    return u, o
 
 
 def learned_rule(
@@ -206,9 +241,7 @@ def learned_rule(
                       else [None] * len(leaves))
         out = []
         for d, f, noise_key in zip(leaves, feature_leaves, noise_keys, strict=True):
-            o = apply_mlp(meta_params, f)
-            u = d * jnp.exp(max_log_scale * jnp.tanh(o[..., 0])) + max_additive * jnp.tanh(
-                o[..., 1])
+            u, o = rule_outputs(meta_params, f, d, max_log_scale, max_additive)
             if max_noise is not None:
                 eps = jax.random.normal(noise_key, d.shape, d.dtype)
                 u = u + max_noise * jnp.tanh(o[..., 2]) * eps
@@ -216,6 +249,146 @@ def learned_rule(
         return treedef.unflatten(out), LearnedOptState(adam_state, momenta)
 
     return optax.GradientTransformationExtraArgs(init, update)
+
+
+class UpdateGrid(NamedTuple):
+    """A rule evaluated on a grid of its inputs (:func:`update_grid`).
+
+    Attributes:
+        gradients: ``[N]`` normalised gradients ``x = g / (sqrt(v_hat) + eps)``.
+        momenta: ``[M]`` previous momenta ``m``, in the same units.
+        progresses: ``[P]`` training progress values.
+        update: ``[P, M, N]`` the rule's update (without its noise).
+        noise_std: ``[P, M, N]`` standard deviation of its learned noise (0 without noise).
+        adam: ``[M, N]`` Adam's direction ``d = 0.9 m + 0.1 x`` at the same inputs.
+    """
+
+    gradients: jax.Array
+    momenta: jax.Array
+    progresses: jax.Array
+    update: jax.Array
+    noise_std: jax.Array
+    adam: jax.Array
+
+
+def update_at(
+    meta_params: dict,
+    gradient: Any,
+    momentum: Any,
+    progress: Any,
+    *,
+    timescales: Sequence[float] = DEFAULT_TIMESCALES,
+    max_log_scale: float = DEFAULT_MAX_LOG_SCALE,
+    max_additive: float = DEFAULT_MAX_ADDITIVE,
+    extra_inputs: Sequence[Any] = (),
+    max_noise: float | None = None,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """The rule's update for one step from a steady momentum, elementwise (pure JAX).
+
+    Every timescale's momentum and Adam's first moment are ``momentum`` before the step and
+    Adam's first-moment bias correction is 1 (the module docstring's figure), so the inputs
+    are the normalised gradient ``x``, ``beta m + (1 - beta) x`` per timescale, Adam's
+    direction ``d = 0.9 m + 0.1 x`` and ``progress``, then ``extra_inputs`` in order.
+
+    Args:
+        meta_params: the rule's ``{"layers": [...]}``.
+        gradient, momentum, progress: ``x``, ``m`` and progress, broadcasting together (and
+            with ``extra_inputs``) to a shape ``[...]``.
+        timescales, max_log_scale, max_additive: the objective's options.
+        extra_inputs: further per-parameter inputs (:mod:`.open_optimizer`'s dormancy and
+            layer position), each broadcasting to ``[...]``.
+        max_noise: the noise bound ``c`` of a stochastic rule (``None``: none).
+
+    Returns:
+        ``(update, noise_std, adam)``, each ``[...]``: the update without its noise, the
+        noise's standard deviation ``c |tanh(o_3)|`` (zeros without noise) and ``d``.
+    """
+    x, m, p, *extra = (jnp.asarray(value, jnp.float32)
+                       for value in (gradient, momentum, progress, *extra_inputs))
+    shape = jnp.broadcast_shapes(*(value.shape for value in (x, m, p, *extra)))
+    x, m = jnp.broadcast_to(x, shape), jnp.broadcast_to(m, shape)
+    direction = ADAM_B1 * m + (1.0 - ADAM_B1) * x
+    momenta = [beta * m + (1.0 - beta) * x for beta in timescales]
+    features = stack_features(x, momenta, direction, p)
+    if extra:
+        extra = jnp.stack([jnp.broadcast_to(value, shape) for value in extra], axis=-1)
+        features = jnp.concatenate([features, extra], axis=-1)
+    update, o = rule_outputs(meta_params, features, direction, max_log_scale, max_additive)
+    noise_std = (jnp.zeros_like(update) if max_noise is None
+                 else max_noise * jnp.abs(jnp.tanh(o[..., 2])))
+    return update, noise_std, direction
+
+
+def update_grid(
+    meta_params: dict,
+    gradients: Any = None,
+    momenta: Sequence[float] = DRAWN_MOMENTA,
+    progresses: Sequence[float] = DRAWN_PROGRESSES,
+    **rule_options: Any,
+) -> UpdateGrid:
+    """The rule on the grid its figure draws (pure JAX): :func:`update_at` at every
+    progress x momentum x gradient.
+
+    Args:
+        meta_params: the rule's ``{"layers": [...]}``.
+        gradients: ``[N]`` normalised gradients (default 121 points over
+            ``DRAWN_GRADIENT_RANGE``).
+        momenta: ``[M]`` previous momenta, one line each.
+        progresses: ``[P]`` training progress values, one panel each.
+        **rule_options: :func:`update_at`'s keyword arguments (the objective's options).
+    """
+    if gradients is None:
+        gradients = jnp.linspace(*DRAWN_GRADIENT_RANGE, 121)
+    x = jnp.asarray(gradients, jnp.float32)
+    m = jnp.asarray(momenta, jnp.float32)
+    p = jnp.asarray(progresses, jnp.float32)
+    update, noise_std, adam = update_at(meta_params, x[None, None, :], m[None, :, None],
+                                        p[:, None, None], **rule_options)
+    return UpdateGrid(x, m, p, update, noise_std, adam[0])
+
+
+def rule_options(options: Mapping[str, Any]) -> dict[str, Any]:
+    """:func:`update_at`'s keyword arguments from an experiment's objective options (the
+    defaults where an option is not given)."""
+    return {"timescales": tuple(float(t) for t in options.get("timescales",
+                                                                DEFAULT_TIMESCALES)),
+            "max_log_scale": float(options.get("max_log_scale", DEFAULT_MAX_LOG_SCALE)),
+            "max_additive": float(options.get("max_additive", DEFAULT_MAX_ADDITIVE))}
+
+
+def update_figures(request: RunFigureRequest, grid_of: Callable[[dict], UpdateGrid],
+                   inputs_note: str = "") -> dict[str, Any]:
+    """The ``plot`` hook of a learned optimiser: every candidate's update against the
+    normalised gradient next to Adam's, in one figure (``learned_update``).
+
+    Args:
+        request: the run (see :class:`~metarl.objectives.registry.RunFigureRequest`).
+        grid_of: ``optimizer meta-parameters -> UpdateGrid`` with the run's options.
+        inputs_note: what the title says of inputs held fixed (``open_optimizer``'s).
+    """
+    if not request.candidates:
+        return {}
+    from metarl.figures.learned_optimizer import plot_learned_update  # matplotlib on demand
+
+    grids = {request.label(which): grid_of(params["optimizer"])
+             for which, params in request.candidates.items()}
+    first = next(iter(grids.values()))
+    noisy = {label: np.asarray(grid.noise_std) for label, grid in grids.items()
+             if np.any(np.asarray(grid.noise_std) > 0)}
+    fig = plot_learned_update(
+        np.asarray(first.gradients), np.asarray(first.momenta).tolist(),
+        np.asarray(first.progresses).tolist(),
+        {label: np.asarray(grid.update) for label, grid in grids.items()},
+        np.asarray(first.adam), noise_std=noisy or None, base_label="Adam",
+        title=f"{request.run_name}: learned update vs Adam after {request.generation} "
+              f"generations (lines: previous momentum m{inputs_note})")
+    return {"learned_update": fig}
+
+
+def _figures(request: RunFigureRequest) -> dict[str, Any]:
+    """The learned update of every candidate against Adam's."""
+    options = rule_options(request.options)
+    return update_figures(request, lambda params: update_grid(params, **options))
 
 
 def rule_term(name: str, hidden_sizes: Sequence[int], timescales: Sequence[float],
@@ -249,7 +422,8 @@ def learned_optimizer_term(
                      max_additive)
 
 
-@register_objective("learned_optimizer", slots=("optimizer",), baselines=("ppo",))
+@register_objective("learned_optimizer", slots=("optimizer",), baselines=("ppo",),
+                    plot=_figures)
 def make_learned_optimizer(
     hidden_sizes: Sequence[int] = DEFAULT_HIDDEN_SIZES,
     timescales: Sequence[float] = DEFAULT_TIMESCALES,

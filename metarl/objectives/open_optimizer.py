@@ -42,6 +42,13 @@ momenta at each timescale, Adam's direction, progress), and two more:
 **State**: that of :mod:`.learned_optimizer` (Adam's state and the momenta); the noise
 needs no state of its own, since its key comes with each update.
 
+**Figure** (``metarl plot RUN``, :func:`update_grid`): as :mod:`.learned_optimizer`'s (the
+update against the normalised gradient, a line per previous momentum, a panel per
+progress), with the two further inputs held at an average unit of a middle layer:
+dormancy 1 and layer position 0.5 (``DRAWN_DORMANCY``, ``DRAWN_LAYER_POSITION``; the hidden
+layer of a two-hidden-layer tower). A band of ± one standard deviation of the learned noise
+surrounds each line where the noise is not zero.
+
 Meta-parameters: ``{"policy": {}, "value": {}, "optimizer": {"layers": [{"w": [F, h1],
 "b": [h1]}, ..., {"w": [hL, 3], "b": [3]}]}}`` with ``F = k + 5`` for ``k`` timescales.
 """
@@ -57,19 +64,28 @@ import jax.numpy as jnp
 import optax
 
 from inner_loops.objective import Objective, OptimizerTerm
+from metarl.objectives import learned_optimizer
 from metarl.objectives.learned_optimizer import (
     DEFAULT_HIDDEN_SIZES,
     DEFAULT_MAX_ADDITIVE,
     DEFAULT_MAX_LOG_SCALE,
     DEFAULT_TIMESCALES,
+    DRAWN_MOMENTA,
+    DRAWN_PROGRESSES,
+    UpdateGrid,
     check_bound,
+    rule_options,
     rule_term,
+    update_figures,
 )
-from metarl.objectives.registry import register_objective
+from metarl.objectives.registry import RunFigureRequest, register_objective
 
 DEFAULT_MAX_NOISE = 1.0
 DORMANCY_CLIP = 10.0
 NUM_EXTRA_INPUTS = 2  # dormancy, layer position
+# The further inputs in the figure of the rule: an average unit of a middle layer.
+DRAWN_DORMANCY = 1.0
+DRAWN_LAYER_POSITION = 0.5
 
 
 def _natural_key(name: str) -> tuple:
@@ -141,7 +157,37 @@ def open_optimizer_term(
                      max_noise=check_bound("max_noise", max_noise))
 
 
-@register_objective("open_optimizer", slots=("optimizer",), baselines=("ppo",))
+def update_grid(
+    meta_params: dict,
+    gradients: Any = None,
+    momenta: Sequence[float] = DRAWN_MOMENTA,
+    progresses: Sequence[float] = DRAWN_PROGRESSES,
+    *,
+    dormancy: float = DRAWN_DORMANCY,
+    layer_position: float = DRAWN_LAYER_POSITION,
+    max_noise: float = DEFAULT_MAX_NOISE,
+    **rule_options: Any,
+) -> UpdateGrid:
+    """The rule on the grid its figure draws (pure JAX), with dormancy and layer position
+    held at ``dormancy`` and ``layer_position``: :func:`.learned_optimizer.update_grid`
+    with these as its extra inputs and the noise bound ``max_noise``; ``rule_options`` are
+    :func:`.learned_optimizer.update_at`'s (timescales and bounds)."""
+    return learned_optimizer.update_grid(
+        meta_params, gradients, momenta, progresses,
+        extra_inputs=(dormancy, layer_position), max_noise=max_noise, **rule_options)
+
+
+def _figures(request: RunFigureRequest) -> dict[str, Any]:
+    """The learned update of every candidate against Adam's, with its noise band."""
+    options = rule_options(request.options)
+    max_noise = float(request.options.get("max_noise", DEFAULT_MAX_NOISE))
+    return update_figures(
+        request, lambda params: update_grid(params, max_noise=max_noise, **options),
+        inputs_note=f"; dormancy {DRAWN_DORMANCY:g}, layer position {DRAWN_LAYER_POSITION:g}")
+
+
+@register_objective("open_optimizer", slots=("optimizer",), baselines=("ppo",),
+                    plot=_figures)
 def make_open_optimizer(
     hidden_sizes: Sequence[int] = DEFAULT_HIDDEN_SIZES,
     timescales: Sequence[float] = DEFAULT_TIMESCALES,

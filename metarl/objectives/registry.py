@@ -32,7 +32,8 @@ class RunFigureRequest:
         run_name: the experiment's name, for titles.
         candidates: ``"mean"`` (the search distribution's centre) and/or ``"best"`` (the
             best candidate seen) -> whole meta-parameters ``{"policy": ..., "value": ...}``
-            as float32 arrays; only those saved in the run.
+            as float32 arrays (also ``"optimizer"`` for a learned optimiser); only those saved in
+            the run.
         options: the objective's options from the experiment file.
         inner: the first ``[inner]`` config of the run (its algorithm's config dataclass).
         generation: generations finished.
