@@ -113,7 +113,7 @@ def held_out(objective, meta_params, inners, fitness: FitnessConfig, seeds: int,
 
 def by_env(scores: np.ndarray, env_ids: list[str]) -> dict[str, np.ndarray]:
     """``[..., E * S]`` environment-major scores -> ``{env_id: [..., S]}``."""
-    return dict(zip(env_ids, np.split(scores, len(env_ids), axis=-1)))
+    return dict(zip(env_ids, np.split(scores, len(env_ids), axis=-1), strict=True))
 
 
 def judge(x: np.ndarray, y: np.ndarray) -> dict:
@@ -132,7 +132,7 @@ def plot(report: dict, path: Path) -> None:
     env_ids = report["env_ids"]
     figure, axes = plt.subplots(1, len(env_ids), figsize=(6.4 * len(env_ids), 4.2),
                                 squeeze=False)
-    for axis, env_id in zip(axes[0], env_ids):
+    for axis, env_id in zip(axes[0], env_ids, strict=True):
         for method, rows in report["methods"].items():
             steps = [row["agent_steps_mean"] for row in rows["points"]]
             means = [row["held_out_mean"][env_id] for row in rows["points"]]
