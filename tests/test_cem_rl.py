@@ -2,7 +2,7 @@
 
 - Learning: on Pendulum-v1 cut to 100-step episodes, for each of 3 seeds the mean actor of
   a population of 6 (3 RL actors) ends far above the untrained actor it started from (the
-  seeds train as one vmapped program, in a subprocess started when the module starts).
+  seeds train as one vmapped program).
 - Bookkeeping of a tiny run: one record per generation, fitness per member, the first half
   marked as RL actors, no gradient step before the buffer holds ``learning_starts``
   transitions, environment steps counted, the buffer filled by the evaluations.
@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from _learning import learning_metrics, start_first, start_learning_run, stop_learning_run
+from _xla import LEARNING_COMPILER_OPTIONS
 
 from inner_loops.dqn import DQNConfig
 from inner_loops.ppo import PPOConfig
@@ -36,63 +36,43 @@ TINY_INNER = TD3Config(env_id="Pendulum-v1", env_params={"max_steps_in_episode":
 TINY = CEMRLConfig(inner=TINY_INNER, population_size=4, num_elites=2, generations=3,
                    gradient_steps=4, init_std=0.1)
 
-# ---------------------------------------------------------- learning (subprocess, early)
+# ------------------------------------------------------------------------- learning
 
-LEARNING_WORKER = """
-import sys
-import jax
-import jax.numpy as jnp
-import numpy as np
-from inner_loops.td3 import TD3Config
-from metarl.population.cem_rl import CEMRLConfig, make_cem_rl
-
-inner = TD3Config(env_id="Pendulum-v1", env_params={"max_steps_in_episode": 100},
-                  actor_hidden_sizes=(32, 32), critic_hidden_sizes=(32, 32),
-                  buffer_size=50_000, learning_starts=600, eval_episodes=5)
-config = CEMRLConfig(inner=inner, population_size=6, num_elites=3, generations=20)
-run = make_cem_rl(config)
-keys = jax.vmap(jax.random.PRNGKey)(jnp.arange(int(sys.argv[2])))
-states = jax.jit(jax.vmap(run.init))(keys)
-untrained = jax.jit(jax.vmap(lambda state: run.parts.evaluate(
-    run.mean_actor(state), jax.random.PRNGKey(1), inner.eval_episodes)))(states)
-generation = jax.jit(jax.vmap(run.generation))
-returns = []
-for _ in range(config.generations):
-    states, metrics = generation(states)
-    returns.append(np.asarray(metrics["mean_return"]))
-np.savez(sys.argv[1], mean_return=np.stack(returns, axis=1),
-         initial_return=np.asarray(untrained))
-"""
 # Three seeds for the CPU that one seed of 200-step episodes and 64-unit networks took
 # (40 against 41 CPU-s for this test alone, cold cache): 100-step episodes halve a
 # generation's evaluations and gradient steps, 32-unit networks make each step cheaper, and
-# one vmapped program (one compilation) serves every seed.
+# one vmapped program (one compilation) serves every seed. They train in this process: a
+# subprocess costs some 4 CPU-s to start Python and JAX, and would overlap nothing, this
+# test coming first.
 LEARNING_SEEDS = 3
 LEARNING_TIMEOUT = 900
 
 
-@pytest.fixture(scope="module")
-def pendulum_process(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("cem_rl_pendulum")
-    process = start_learning_run(LEARNING_WORKER, folder, LEARNING_SEEDS)
-    yield process, folder
-    stop_learning_run(process)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def start_pendulum_first(request):
-    start_first(request, "pendulum_process", "pendulum")
-
-
 @pytest.mark.slow
-@pytest.mark.timeout(LEARNING_TIMEOUT + 60, method="thread")
-def test_pendulum_mean_actor_learns(pendulum_process):
+@pytest.mark.timeout(LEARNING_TIMEOUT, method="thread")
+def test_pendulum_mean_actor_learns():
     """20 generations of 6 actors on 100-step episodes (12 000 environment steps), 3 seeds:
     on every seed the mean actor's return, averaged over the last 3 generations, is far
     above the untrained actor's (about -680 on these episodes)."""
-    metrics = learning_metrics(*pendulum_process, LEARNING_TIMEOUT, "CEM-RL on Pendulum")
-    final = metrics["mean_return"][:, -3:].mean(axis=1)
-    initial = metrics["initial_return"]
+    inner = TD3Config(env_id="Pendulum-v1", env_params={"max_steps_in_episode": 100},
+                      actor_hidden_sizes=(32, 32), critic_hidden_sizes=(32, 32),
+                      buffer_size=50_000, learning_starts=600, eval_episodes=5)
+    config = CEMRLConfig(inner=inner, population_size=6, num_elites=3, generations=20)
+    run = make_cem_rl(config)
+
+    def jit(fn):
+        return jax.jit(fn, compiler_options=LEARNING_COMPILER_OPTIONS)
+
+    keys = jax.vmap(jax.random.PRNGKey)(jnp.arange(LEARNING_SEEDS))
+    states = jit(jax.vmap(run.init))(keys)
+    initial = np.asarray(jit(jax.vmap(lambda state: run.parts.evaluate(
+        run.mean_actor(state), jax.random.PRNGKey(1), inner.eval_episodes)))(states))
+    generation = jit(jax.vmap(run.generation))
+    returns = []
+    for _ in range(config.generations):
+        states, metrics = generation(states)
+        returns.append(np.asarray(metrics["mean_return"]))
+    final = np.stack(returns, axis=1)[:, -3:].mean(axis=1)
     print(f"CEM-RL Pendulum: untrained {initial}, final mean actor {final}")
     assert final.shape == (LEARNING_SEEDS,)
     # Measured over seeds 0-11 (four runs of 3): untrained -666 to -693, final -131 to -197,

@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _typed_states import strongly_typed
 from _xla import LEARNING_COMPILER_OPTIONS
 
 from inner_loops.ppo import PPOConfig
@@ -178,13 +179,16 @@ def learning(weight: float) -> DvDConfig:
 @pytest.mark.slow
 @pytest.mark.timeout(300, method="thread")
 def test_the_diverse_population_learns_at_a_bounded_cost_in_return():
-    # The weight is state (the one-armed bandit's), so one program trains both arms.
-    runs = [make_dvd(learning(weight)) for weight in (LEARNING_WEIGHT, 0.0)]
-    states = jax.tree.map(lambda *arms: jnp.stack(arms),
-                          *[jax.jit(run.init)(jax.random.PRNGKey(3)) for run in runs])
-    segment = jax.jit(jax.vmap(runs[0].segment), compiler_options=LEARNING_COMPILE)
+    # The weight is state (the one-armed bandit's), so one program trains both arms, and
+    # one initial state serves both: the arms' differ only in the bandit's weight. It is
+    # typed as the segment returns states, or the segment would be traced a second time.
+    run = make_dvd(learning(LEARNING_WEIGHT))
+    start = strongly_typed(jax.jit(run.init)(jax.random.PRNGKey(3)))
+    without = start.replace(bandit=start.bandit.replace(weights=jnp.zeros(1, jnp.float32)))
+    states = jax.tree.map(lambda *arms: jnp.stack(arms), start, without)
+    segment = jax.jit(jax.vmap(run.segment), compiler_options=LEARNING_COMPILE)
     history = []
-    for _ in range(runs[0].config.num_segments):
+    for _ in range(run.config.num_segments):
         states, metrics = segment(states)
         history.append(jax.device_get(metrics))
     diversity = history[-1]["diversity"]  # [2]: with the term, without

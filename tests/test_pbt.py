@@ -241,12 +241,20 @@ def test_pbt_finds_the_best_learning_rate_of_a_stand_in():
 # real PPO agents
 
 
-def test_ppo_segments_copy_members_that_continue_as_their_sources():
+@pytest.fixture(scope="module")
+def ppo_population():
+    """Four tiny PPO agents drawn from a learning-rate prior, built (and their initial
+    population compiled) once for the tests below: ``(learner, config, states, hypers)``."""
     learner = make_learner(PPOConfig(num_envs=2, num_steps=8, total_timesteps=2 * 8 * 4,
                                      update_epochs=1, num_minibatches=1, hidden_sizes=(8,)))
     config = PBTConfig(population_size=4, segment_updates=2, exploit_fraction=0.25,
                        priors={"learning_rate": Prior(1e-4, 1e-2, log=True)})
     states, hypers = initial_population(learner, config, jax.random.PRNGKey(0), chunk_size=4)
+    return learner, config, states, hypers
+
+
+def test_ppo_segments_copy_members_that_continue_as_their_sources(ppo_population):
+    learner, config, states, hypers = ppo_population
     assert len({float(x) for x in hypers.learning_rate}) == 4  # drawn from the prior
     segment = make_segment(learner, config, chunk_size=4)
     after, new_hypers, metrics, fitness, record = segment(states, hypers, jax.random.PRNGKey(1),
@@ -291,12 +299,8 @@ def test_plot_pbt_draws_returns_schedules_exploits_and_the_winning_lineage():
     assert lr_ax.get_xlabel() == "environment steps per member"
 
 
-def test_reseeded_copies_take_their_source_state_with_a_key_of_their_own():
-    learner = make_learner(PPOConfig(num_envs=2, num_steps=8, total_timesteps=2 * 8 * 4,
-                                     update_epochs=1, num_minibatches=1, hidden_sizes=(8,)))
-    config = PBTConfig(population_size=4, segment_updates=2, exploit_fraction=0.25,
-                       priors={"learning_rate": Prior(1e-4, 1e-2, log=True)})
-    states, hypers = initial_population(learner, config, jax.random.PRNGKey(0), chunk_size=4)
+def test_reseeded_copies_take_their_source_state_with_a_key_of_their_own(ppo_population):
+    _, config, states, hypers = ppo_population
     fitness = jnp.array([3.0, 0.0, 2.0, 5.0])  # member 1 copies member 3
     plain, _, record = exploit_and_explore(jax.random.PRNGKey(1), fitness, states, hypers,
                                            config)

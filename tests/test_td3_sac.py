@@ -4,8 +4,8 @@ share, :mod:`inner_loops.continuous_control`).
 - Learning: small agents (1e4 environment steps, 32-32 networks, batches of 64) on
   Pendulum-v1, 4 seeds one after another in one ``jit``, deterministic evaluation episodes
   at the end: median above -600, best above -200; a small SAC agent on a brax environment
-  beats a random policy. These train in a subprocess started when the module starts, beside
-  the tests below. (What the default configs reach: ``benchmarks/default_configs_learn.py``.)
+  beats a random policy. (What the default configs reach:
+  ``benchmarks/default_configs_learn.py``.)
 - Probes: on continuous probe environments the learned Q-values come out within a tolerance
   of the exact ones (including bootstrapping through a time limit, and not through a
   termination), and the actor finds the best action.
@@ -31,8 +31,9 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
-from _learning import learning_metrics, start_first, start_learning_run, stop_learning_run
 from _precision import assert_close_to_float32, assert_learned_in_float32, train_briefly
+from _typed_states import typed_init
+from _xla import LEARNING_COMPILER_OPTIONS
 
 from inner_loops import make_learner, stack_hyperparams, train_population
 from inner_loops import sac as sac_module
@@ -68,7 +69,7 @@ def assert_trees_equal(a, b, exact=True):
             np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-4, atol=1e-5)
 
 
-# ---------------------------------------------------------- learning (subprocess, early)
+# ------------------------------------------------------------------------- learning
 
 LEARNING_SEEDS = 4
 # Smaller than the defaults (which benchmarks/default_configs_learn.py measures): half the
@@ -94,27 +95,26 @@ BRAX = {"env_id": BRAX_ENV, "env_params": {"episode_length": 100}, "num_envs": 4
 # episodes was at least 97.
 BRAX_SEEDS = 1
 BRAX_LAST_UPDATES = 32  # the last quarter of its 128 updates: 256 steps per environment
-LEARNING_WORKER = """
-import sys
-import jax
-import numpy as np
-from inner_loops import make_learner
-from inner_loops.sac import SACConfig
-from inner_loops.td3 import TD3Config
+# Compiling is most of this cost. XLA's older code generation (no fusion emitters) compiles
+# TD3's program in 7 s of CPU instead of 13 at level 1, and it runs as fast; the brax
+# program compiles in half the time at level 0 (16 s instead of 32 with evaluation), where
+# its short run costs 2 s more. They train in this process: a subprocess costs some 4 CPU-s
+# to start Python and JAX, and would overlap nothing, these tests coming first.
+PENDULUM_COMPILE = {**LEARNING_COMPILER_OPTIONS, "xla_cpu_use_fusion_emitters": False}
+BRAX_COMPILE = {"xla_backend_optimization_level": 0, "xla_cpu_use_fusion_emitters": False}
+LEARNING_TIMEOUT = 600  # seconds
 
-# Compiling is most of this run's cost. XLA's older code generation (no fusion emitters)
-# compiles TD3's program in 7 s of CPU instead of 13 at level 1, and it runs as fast; the
-# brax program compiles in half the time at level 0 (16 s instead of 32 with evaluation),
-# where its short run costs 2 s more.
-PENDULUM_OPTIONS = {"xla_cpu_use_fusion_emitters": False}
-BRAX_OPTIONS = {"xla_backend_optimization_level": 0, "xla_cpu_use_fusion_emitters": False}
-runs = {"td3": (TD3Config(**PENDULUM), int(sys.argv[2]), PENDULUM_OPTIONS, True),
-        "sac": (SACConfig(**PENDULUM), int(sys.argv[2]), PENDULUM_OPTIONS, True),
-        # no evaluation episodes: tracing and compiling brax's step a second time would
-        # cost about 12 s; the exploring policy's own episodes show what it learned
-        "brax": (SACConfig(**BRAX), BRAX_SEEDS, BRAX_OPTIONS, False)}
-out = {}
-for name, (config, seeds, options, evaluate) in runs.items():
+
+def train_seeds(config, seeds: int, compiler_options: dict,
+                evaluate: bool) -> dict[str, np.ndarray]:
+    """``seeds`` agents of ``config`` (keys split from ``PRNGKey(0)``) trained over their
+    budget in one program, then, when ``evaluate``, their deterministic evaluation
+    episodes: metrics ``[seeds, num_updates]`` and ``eval_return``, ``eval_length``
+    ``[seeds]``, on the host.
+
+    One seed after another (``lax.map``): a vmap's batched scans take longer to trace and
+    to compile (SAC: 17 s of CPU instead of 10), and agents this small run no faster
+    vmapped."""
     learner = make_learner(config)
 
     def run(key):
@@ -122,69 +122,61 @@ for name, (config, seeds, options, evaluate) in runs.items():
         state, metrics = learner.advance(learner.init(train_key))
         return metrics, learner.evaluate(state, eval_key) if evaluate else {}
 
-    # one seed after another (lax.map): a vmap's batched scans take longer to trace and to
-    # compile (SAC: 17 s of CPU instead of 10), and agents this small run no faster vmapped
     keys = jax.random.split(jax.random.PRNGKey(0), seeds)
-    train = jax.jit(lambda keys: jax.lax.map(run, keys), compiler_options=options)
+    train = jax.jit(lambda keys: jax.lax.map(run, keys), compiler_options=compiler_options)
     metrics, evaluation = jax.device_get(train(keys))
-    out.update({f"{name}/{k}": v for k, v in {**metrics, **evaluation}.items()})
-np.savez(sys.argv[1], **out)
-""".replace("PENDULUM)", f"{PENDULUM!r})").replace("BRAX)", f"{BRAX!r})").replace(
-    "BRAX_SEEDS", str(BRAX_SEEDS))
-LEARNING_TIMEOUT = 600  # seconds
+    return {**metrics, **evaluation}
 
 
 @pytest.fixture(scope="module")
-def learning_process(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("td3_sac_pendulum")
-    process = start_learning_run(LEARNING_WORKER, folder, LEARNING_SEEDS)
-    yield process, folder
-    stop_learning_run(process)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def start_learning_first(request):
-    """Start the learning run at the start of the module when a test of it is selected."""
-    start_first(request, "learning_process", "learns")
+def pendulum_learned():
+    """:func:`train_seeds` of TD3's and SAC's ``PENDULUM`` agents, by algorithm."""
+    return {algorithm: train_seeds(config(**PENDULUM), LEARNING_SEEDS, PENDULUM_COMPILE,
+                                   evaluate=True)
+            for algorithm, config in CONFIGS.items()}
 
 
 @pytest.fixture(scope="module")
-def learned(learning_process):
-    process, folder = learning_process
-    return learning_metrics(process, folder, LEARNING_TIMEOUT, "TD3/SAC learning runs")
+def brax_learned():
+    """:func:`train_seeds` of the ``BRAX`` agent, without evaluation episodes: tracing and
+    compiling brax's step a second time would cost about 12 s, and the exploring policy's
+    own episodes show what it learned."""
+    return train_seeds(SACConfig(**BRAX), BRAX_SEEDS, BRAX_COMPILE, evaluate=False)
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(LEARNING_TIMEOUT + 60, method="thread")
+@pytest.mark.timeout(LEARNING_TIMEOUT, method="thread")
 @pytest.mark.parametrize("algorithm", ["td3", "sac"])
-def test_small_config_learns_pendulum(learned, algorithm):
+def test_small_config_learns_pendulum(pendulum_learned, algorithm):
     """Small agents (``PENDULUM``: 1e4 steps, 32-32 networks, batches of 64) learn
     Pendulum-v1: over 4 seeds the median deterministic return is above -600 and the best
     above -200 (a random policy: about -1246; published CPU references at 2e4 steps: about
     -200), after a warm-up that acted as a random policy does."""
-    evaluation = learned[f"{algorithm}/eval_return"]
+    learned = pendulum_learned[algorithm]
+    evaluation = learned["eval_return"]
     print(f"{algorithm} Pendulum-v1 deterministic return per seed: {np.round(evaluation, 1)}; "
           f"median {np.median(evaluation):.1f}, best {evaluation.max():.1f}")
-    assert learned[f"{algorithm}/finite"].all()
+    assert learned["finite"].all()
     assert np.median(evaluation) > PENDULUM_MEDIAN_ABOVE, evaluation
     assert evaluation.max() > PENDULUM_BEST_ABOVE, evaluation
     # the first training episodes (200 steps of 4 environments: 25 updates) are the
     # warm-up's random policy's
     warmup = CONFIGS[algorithm](**PENDULUM).warmup_updates
     assert warmup == 31
-    first = learned[f"{algorithm}/episode_return"][:, warmup]
+    first = learned["episode_return"][:, warmup]
     assert np.all(first < -900.0), first
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(LEARNING_TIMEOUT + 60, method="thread")
-def test_sac_learns_a_brax_environment(learned):
+@pytest.mark.timeout(LEARNING_TIMEOUT, method="thread")
+def test_sac_learns_a_brax_environment(brax_learned):
     """A small SAC agent on brax's inverted pendulum (episodes of at most 100 steps, 4096
     steps): finite metrics, and the exploring policy's episodes over the last quarter of
     training return on average more than 2.5 times a random policy's."""
-    assert learned["brax/finite"].all()
-    episodes = learned["brax/episodes"][:, -BRAX_LAST_UPDATES:]
-    returns = np.where(episodes > 0, learned["brax/episode_return"][:, -BRAX_LAST_UPDATES:], 0)
+    assert brax_learned["finite"].all()
+    episodes = brax_learned["episodes"][:, -BRAX_LAST_UPDATES:]
+    returns = np.where(episodes > 0, brax_learned["episode_return"][:, -BRAX_LAST_UPDATES:],
+                       0)
     late_means = (returns * episodes).sum(axis=1) / episodes.sum(axis=1)
     print(f"SAC {BRAX_ENV} mean return of the last training episodes per seed: {late_means}")
     # each of the 4 environments finishes at least 2 episodes in those 256 steps
@@ -292,7 +284,8 @@ def test_td3_runs_one_actor_step_per_policy_delay_critic_steps():
                        batch_size=4, learning_starts=8, actor_hidden_sizes=(4,),
                        critic_hidden_sizes=(4,))
     learner = make_learner(config)
-    state = learner.init(jax.random.PRNGKey(0))
+    # shapes only: running init op by op compiled some 60 small programs
+    state = jax.eval_shape(learner.init, jax.random.PRNGKey(0))
     jaxpr = jax.make_jaxpr(lambda s: learner.advance(s, num_updates=1))(state)
 
     def sub_jaxprs(value):
@@ -360,17 +353,24 @@ def member_hypers(algorithm: str):
 
 @pytest.fixture(scope="module", params=["td3", "sac"])
 def tiny(request):
+    """Each program compiled once for the module: ``init`` returns its state typed as
+    ``advance`` returns it (tests/_typed_states.py), and every call passes the
+    hyperparameters (traced) rather than ``None`` (the config's, as constants)."""
     algorithm = request.param
     learner = make_learner(TINY[algorithm])
     assert (learner.num_updates, TINY[algorithm].warmup_updates) == (2 * SEGMENT, 3)
     return {
         "algorithm": algorithm,
         "learner": learner,
-        "init": jit(learner.init),
+        "hypers": TINY[algorithm].hyperparams(),
+        "init": jit(typed_init(learner)),
         "advance": jit(functools.partial(learner.advance, num_updates=SEGMENT)),
         "population": jit(functools.partial(train_population, learner.train,
                                             chunk_size=POPULATION)),
-        "chunked": jit(functools.partial(train_population, learner.train, chunk_size=2)),
+        # one agent per chunk: a chunk size that leaves a remainder compiles the agents'
+        # training twice, for the chunks and for the remainder (map_in_chunks' remainder,
+        # the same for every learner, is tests/test_population.py's)
+        "chunked": jit(functools.partial(train_population, learner.train, chunk_size=1)),
     }
 
 
@@ -406,6 +406,8 @@ def test_population_equals_members_trained_one_by_one_in_segments(tiny):
 
 
 def test_chunked_population_equals_one_vmap(tiny):
+    """One agent at a time (a ``lax.map`` over chunks of one) gives the agents of one
+    ``vmap`` over all three."""
     keys = jax.random.split(jax.random.PRNGKey(4), POPULATION)
     hypers = stack_hyperparams(member_hypers(tiny["algorithm"]))
     whole = tiny["population"](keys, None, hypers)
@@ -425,6 +427,9 @@ def test_checkpoint_and_resume_equals_an_uninterrupted_run(tiny, tmp_path):
         checkpointer.wait_until_finished()
         template = jax.eval_shape(lambda: tiny["learner"].init(key, None, hypers))
         restored = checkpointer.restore(tmp_path / "agent", template)
+    # to the host: orbax places the arrays on a device explicitly ("committed"), and jit
+    # compiles a function again for committed arguments
+    restored = jax.device_get(restored)
     assert_trees_equal(restored, middle)
     assert int(restored.buffer.size) == 32 and int(restored.update_count) == SEGMENT
     _, resumed = tiny["advance"](restored, None, hypers)
@@ -435,7 +440,7 @@ def test_checkpoint_and_resume_equals_an_uninterrupted_run(tiny, tmp_path):
 
 def test_evaluate_runs_the_deterministic_policy(tiny):
     evaluate = jax.jit(tiny["learner"].evaluate)
-    state = tiny["init"](jax.random.PRNGKey(0))
+    state = tiny["init"](jax.random.PRNGKey(0), None, tiny["hypers"])
     first = jax.device_get(evaluate(state, jax.random.PRNGKey(1)))
     assert set(first) == {"eval_return", "eval_length"}
     assert first["eval_length"] == 10  # Pendulum runs to eval_max_steps
