@@ -37,6 +37,11 @@ LPO_TOML = REPO / "experiments" / "lpo_cartpole_tiny.toml"
 # The same tiny setting as tests/test_notebooks.py, so the compiled generation step is shared.
 TINY_OVERRIDES = ["es.generations=2", "es.population_size=2", "inner.total_timesteps=2048",
                   "run.progress=false"]
+# The curves and grids are computed one jax operation at a time, each compiled for its
+# shapes: one size of curve and one of grid for every figure here compile each operation
+# once, not once a size (five sizes before: 499 compilations in this module, now 366).
+CURVE_POINTS = 61
+GRID_POINTS = 31
 
 
 # --------------------------------------------------------------------------------------
@@ -105,7 +110,8 @@ def ta_lpo_params(key):
 
 
 def test_plot_value_distance(value_params):
-    fig = plot_learned_distance(value_params["value"], x_range=(-3, 3), num_points=61)
+    fig = plot_learned_distance(value_params["value"], x_range=(-3, 3),
+                                num_points=CURVE_POINTS)
     assert_labelled(fig)
     ax_d, ax_grad, ax_change = content_axes(fig)
     for ax in (ax_d, ax_grad, ax_change):
@@ -132,7 +138,8 @@ def test_plot_value_distance(value_params):
 ])
 def test_plot_value_distance_at_init_is_l2(key, form, label, neutral):
     params = make_objective("value_distance", hidden_sizes=(8, 8), form=form).init(key)
-    fig = plot_learned_distance(params, form=form)  # whole meta-params are accepted too
+    # whole meta-params are accepted too
+    fig = plot_learned_distance(params, form=form, num_points=CURVE_POINTS)
     ax_d, _, ax_change = content_axes(fig)
     assert form in fig.get_suptitle()
     change = line(ax_change, label).get_ydata()
@@ -144,7 +151,7 @@ def test_plot_value_distance_at_init_is_l2(key, form, label, neutral):
 def test_plot_value_distance_overlays_labelled_candidates(value_params, key):
     init = make_objective("value_distance", hidden_sizes=(8, 8)).init(key)
     fig = plot_learned_distance({"mean": init["value"], "best": value_params["value"]},
-                                num_points=41)
+                                num_points=CURVE_POINTS)
     texts = legend_texts(content_axes(fig)[0])
     assert texts[:2] == ["mean", "best"]
 
@@ -177,7 +184,8 @@ def test_drift_fns_equal_their_objectives_drift(lpo_params, ta_lpo_params):
 
 def test_plot_drift_lpo(lpo_params):
     drift_fn = lpo.drift_fn(lpo_params["policy"])
-    fig = figures.plot_drift(drift_fn, num_points=41, references=lpo.reference_drifts())
+    fig = figures.plot_drift(drift_fn, num_points=GRID_POINTS,
+                             references=lpo.reference_drifts())
     assert_labelled(fig)
     heatmap, plus, minus = content_axes(fig)
     assert len(colorbars(fig)) == 1 and colorbars(fig)[0].get_ylabel()
@@ -200,8 +208,8 @@ def test_plot_drift_lpo(lpo_params):
 
 def test_plot_drift_ta_lpo_at_a_progress(ta_lpo_params):
     drift_fn = ta_lpo.drift_fn(ta_lpo_params["policy"])
-    early = figures.plot_drift(drift_fn, progress=0.0, num_points=31, log_ratio=False)
-    late = figures.plot_drift(drift_fn, progress=1.0, num_points=31, log_ratio=False)
+    early = figures.plot_drift(drift_fn, progress=0.0, num_points=GRID_POINTS, log_ratio=False)
+    late = figures.plot_drift(drift_fn, progress=1.0, num_points=GRID_POINTS, log_ratio=False)
     assert "progress 1" in late.get_suptitle()
     grid_early = np.asarray(content_axes(early)[0].collections[0].get_array())
     grid_late = np.asarray(content_axes(late)[0].collections[0].get_array())
@@ -211,7 +219,7 @@ def test_plot_drift_ta_lpo_at_a_progress(ta_lpo_params):
 def test_plot_drift_draws_the_references_it_is_given():
     ppo_only = {label: fn for label, fn in lpo.reference_drifts().items()
                 if label.startswith("PPO")}
-    fig = figures.plot_drift(dpo.drift_fn(), num_points=31, slice_advantages=(1.0,),
+    fig = figures.plot_drift(dpo.drift_fn(), num_points=GRID_POINTS, slice_advantages=(1.0,),
                              references=ppo_only)
     assert_labelled(fig)
     heatmap, plus = content_axes(fig)
@@ -219,14 +227,15 @@ def test_plot_drift_draws_the_references_it_is_given():
     texts = legend_texts(plus)
     assert sum(t.startswith("DPO") for t in texts) == 1
     assert any(t.startswith("PPO clip") for t in texts)
-    without = figures.plot_drift(dpo.drift_fn(), num_points=21, slice_advantages=(1.0,))
+    without = figures.plot_drift(dpo.drift_fn(), num_points=GRID_POINTS,
+                                 slice_advantages=(1.0,))
     assert legend_texts(content_axes(without)[1]) == [dpo.drift_fn().label]
 
 
 def test_plot_temporal_drift(ta_lpo_params):
     drift_fn = ta_lpo.drift_fn(ta_lpo_params["policy"])
     progresses = (0.0, 0.5, 1.0)
-    fig = figures.plot_temporal_drift(drift_fn, progresses, num_points=31,
+    fig = figures.plot_temporal_drift(drift_fn, progresses, num_points=GRID_POINTS,
                                       reference=lpo.ppo_drift_fn())
     assert_labelled(fig)
     axes = content_axes(fig)
@@ -244,7 +253,7 @@ def test_plot_temporal_drift(ta_lpo_params):
 
 def test_plot_drift_comparison_puts_every_drift_on_one_colour_scale(lpo_params):
     evolved = lpo.drift_fn(lpo_params["policy"])
-    fig = figures.plot_drift_comparison({"evolved": evolved}, num_points=31,
+    fig = figures.plot_drift_comparison({"evolved": evolved}, num_points=GRID_POINTS,
                                         references=lpo.reference_drifts())
     assert_labelled(fig)
     maps = content_axes(fig)
@@ -254,14 +263,14 @@ def test_plot_drift_comparison_puts_every_drift_on_one_colour_scale(lpo_params):
     assert len({(m.collections[0].norm.vmin, m.collections[0].norm.vmax) for m in maps}) == 1
     # the PPO panel holds PPO's clipping drift: largest at r = 2, A = 2, (2 - 1.2) * 2
     assert np.asarray(maps[1].collections[0].get_array()).max() == pytest.approx(1.6, rel=1e-4)
-    alone = figures.plot_drift_comparison({"evolved": evolved}, num_points=21)
+    alone = figures.plot_drift_comparison({"evolved": evolved}, num_points=GRID_POINTS)
     assert len(content_axes(alone)) == 1
 
 
 def test_plot_drift_comparison_evaluates_a_temporal_drift_at_the_progress(ta_lpo_params):
     drift_fn = ta_lpo.drift_fn(ta_lpo_params["policy"])
     grids = [np.asarray(content_axes(figures.plot_drift_comparison(
-        {"ta": drift_fn}, progress=p, num_points=21))[0]
+        {"ta": drift_fn}, progress=p, num_points=GRID_POINTS))[0]
         .collections[0].get_array()) for p in (0.0, 1.0)]
     assert not np.allclose(*grids)
 
@@ -269,7 +278,8 @@ def test_plot_drift_comparison_evaluates_a_temporal_drift_at_the_progress(ta_lpo
 def test_plot_drift_slices_overlays_every_drift(lpo_params, key):
     other = jax.tree.map(lambda x: 1.5 * x, lpo_params["policy"])
     drifts = {"run 0": lpo.drift_fn(lpo_params["policy"]), "run 1": lpo.drift_fn(other)}
-    fig = figures.plot_drift_slices(drifts, num_points=41, references=lpo.reference_drifts())
+    fig = figures.plot_drift_slices(drifts, num_points=GRID_POINTS,
+                                    references=lpo.reference_drifts())
     assert_labelled(fig)
     plus, minus = content_axes(fig)
     for ax in (plus, minus):

@@ -129,18 +129,29 @@ def test_sigkill_during_a_generation_then_resume(tiny_config_file, reference_run
     _assert_same_run(run_dir, reference_run)
 
 
-def test_resuming_on_another_device_count_warns(tiny_config_file, tmp_path):
+@pytest.fixture(scope="module")
+def two_device_cli_run(tiny_config_file, tmp_path_factory):
+    """``metarl --cpu-devices 2 run`` of 2 generations with its progress bar, in a process
+    of its own: its run directory and the finished process. The command line's test and
+    the test of resuming on another device count continue copies of it (a process costs
+    about 5 CPU-seconds to start and trace, so one serves both)."""
+    run_dir = tmp_path_factory.mktemp("cli") / "two_devices"
+    env = env_without_device_count(**jax_cache_env(), PYTHONUNBUFFERED="1")
+    done = subprocess.run([sys.executable, "-m", "metarl.cli", "--cpu-devices", "2", "run",
+                           str(tiny_config_file), "--set", "es.generations=2", "--set",
+                           "run.progress=true", "--run-dir", str(run_dir), "--no-plots"],
+                          capture_output=True, text=True, timeout=400, env=env)
+    assert done.returncode == 0, done.stderr
+    return run_dir, done
+
+
+def test_resuming_on_another_device_count_warns(two_device_cli_run, tmp_path):
     """A run started by the CLI on 2 CPU devices and resumed here on this process's one."""
-    run_dir = tmp_path / "two_devices"
-    env = env_without_device_count(**jax_cache_env())
-    subprocess.run([sys.executable, "-m", "metarl.cli", "--cpu-devices", "2", "run",
-                    str(tiny_config_file), "--run-dir", str(run_dir), "--no-plots",
-                    "--set", "es.generations=1"],
-                   env=env, check=True, capture_output=True, timeout=240)
+    run_dir = shutil.copytree(two_device_cli_run[0], tmp_path / "two_devices")
     assert read_metrics(run_dir)[-1]["devices"] == 2
     with pytest.warns(UserWarning, match=r"ran on 2 device\(s\) and resumes on 1"):
-        result = resume(run_dir, generations=2)
-    assert [line["devices"] for line in result.history] == [2, 1]
+        result = resume(run_dir, generations=3)
+    assert [line["devices"] for line in result.history] == [2, 2, 1]
 
 
 @pytest.mark.timeout(400)
@@ -201,33 +212,25 @@ def test_evolve_refuses_to_overwrite_a_run(tiny_config_file, reference_run):
         start(load_experiment(tiny_config_file), reference_run)
 
 
-def _cli(*args, timeout=400):
-    """``metarl --cpu-devices 1 ARGS``: on one device, as the tests here run in-process, the
-    command's programs are theirs and load from the persistent cache."""
-    env = env_without_device_count(**jax_cache_env(), PYTHONUNBUFFERED="1")
-    return subprocess.run([sys.executable, "-m", "metarl.cli", "--cpu-devices", "1",
-                           *map(str, args)],
-                          capture_output=True, text=True, timeout=timeout, env=env)
-
-
 @pytest.mark.timeout(600)
-def test_cli_evolve_resume_and_errors(tiny_config_file, tmp_path):
+def test_cli_evolve_resume_and_errors(two_device_cli_run, tmp_path, capsys):
     """``metarl run`` writes a run directory with a progress bar, on the devices
-    ``--cpu-devices`` asks for; ``metarl resume --generations`` extends it."""
-    run_dir = tmp_path / "cli"
-    done = _cli("run", tiny_config_file, "--set", "es.generations=2", "--set",
-                "run.progress=true", "--run-dir", run_dir, "--no-plots")
-    assert done.returncode == 0, done.stderr
+    ``--cpu-devices`` asks for; ``metarl resume --generations`` extends it (here, in this
+    process on its one device, saying so)."""
+    started, done = two_device_cli_run
     assert "run directory" in done.stdout
     assert "2/2" in done.stderr  # the progress bar reached the last generation
-    assert [line["generation"] for line in read_metrics(run_dir)] == [1, 2]
-    assert [line["devices"] for line in read_metrics(run_dir)] == [1, 1]
-    assert json.loads((run_dir / "config.json").read_text())["es"]["generations"] == 2
+    assert [line["generation"] for line in read_metrics(started)] == [1, 2]
+    assert [line["devices"] for line in read_metrics(started)] == [2, 2]
+    assert json.loads((started / "config.json").read_text())["es"]["generations"] == 2
 
-    done = _cli("resume", run_dir, "--generations", 3, "--no-plots")
-    assert done.returncode == 0, done.stderr
+    run_dir = shutil.copytree(started, tmp_path / "cli")
+    # JAX runs here before the command does, so the command keeps this process's device
+    assert jax.device_count() == 1
+    assert main(["resume", str(run_dir), "--generations", "3", "--no-plots"]) == 0
+    err = capsys.readouterr().err
+    assert "metarl resume: warning:" in err and "resumes on 1" in err, err
     assert [line["generation"] for line in read_metrics(run_dir)] == [1, 2, 3]
-
 
 
 def test_cli_errors_name_the_problem_and_exit_2(tiny_config_file, tmp_path, capsys):

@@ -102,38 +102,42 @@ def test_run_trackers_are_validated_by_name():
     assert config_from_dict({"run": {"trackers": ["wandb"]}}).run.trackers == ("wandb",)
 
 
-def test_a_run_and_its_resume_log_every_generation_and_the_figures(tmp_path):
-    """``metarl evolve --track tensorboard`` logs each generation's metrics and, at the end,
+def test_a_run_and_its_resume_log_every_generation_and_the_figures(tmp_path, monkeypatch,
+                                                                    capsys):
+    """``metarl run --track tensorboard`` logs each generation's metrics and, at the end,
     the run's figures; ``metarl resume --track tensorboard --track wandb`` continues the
     same TensorBoard folder and adds an offline W&B run (a change of trackers is allowed on
-    resume and recorded)."""
-    import json
-    import os
-    import subprocess
+    resume and recorded).
 
-    from _subprocess_env import jax_cache_env
+    Both commands run in this process (the command line's own ``main``): two processes would
+    each spend about 5 CPU-seconds importing jax, gymnax and metarl and tracing the
+    generation again, where here the resume reuses the run's program."""
+    import json
+
+    import jax
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+    from metarl.cli import main
+
+    # JAX started before the command: it then keeps this process's one device, rather than
+    # exposing one per core to the rest of the session
+    jax.device_count()
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
     repo = Path(__file__).resolve().parents[1]
     run_dir = tmp_path / "run"
-    env = {**os.environ, **jax_cache_env(), "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
-    # the tiny setting of tests/test_plots.py and the notebooks: its compilation is shared
+    # the tiny setting of tests/test_plots.py and the notebooks
     tiny = ["es.population_size=2", "inner.total_timesteps=2048", "run.progress=false"]
-    evolve = [sys.executable, "-m", "metarl.cli", "run",
-              str(repo / "experiments" / "value_distance_cartpole.toml"), "--run-dir",
+    evolve = ["run", str(repo / "experiments" / "value_distance_cartpole.toml"), "--run-dir",
               str(run_dir), "--set", "es.generations=2", "--track", "tensorboard"]
     for override in tiny:
         evolve += ["--set", override]
-    done = subprocess.run(evolve, cwd=repo, env=env, capture_output=True, text=True,
-                          timeout=600)
-    assert done.returncode == 0, done.stdout + done.stderr
+    assert main(evolve) == 0, capsys.readouterr()
     assert json.loads((run_dir / "config.json").read_text())["run"]["trackers"] == [
         "tensorboard"]
-    resume = [sys.executable, "-m", "metarl.cli", "resume", str(run_dir), "--generations",
-              "3", "--track", "tensorboard", "--track", "wandb"]
-    done = subprocess.run(resume, cwd=repo, env=env, capture_output=True, text=True,
-                          timeout=600)
-    assert done.returncode == 0, done.stdout + done.stderr
+    resume = ["resume", str(run_dir), "--generations", "3", "--track", "tensorboard",
+              "--track", "wandb"]
+    assert main(resume) == 0, capsys.readouterr()
 
     events = EventAccumulator(str(run_dir / "tensorboard"),
                               size_guidance={"images": 0, "scalars": 0}).Reload()
