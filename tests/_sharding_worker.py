@@ -33,7 +33,7 @@ from inner_loops.population import broadcast_to_population, stack_hyperparams
 from inner_loops.ppo import PPOConfig, make_train
 from metarl import sharding
 from metarl.config import RunConfig
-from metarl.evolve.config import ESConfig, ExperimentConfig, FitnessConfig
+from metarl.evolve.config import ESConfig, ExperimentConfig, FitnessConfig, ObjectiveConfig
 from metarl.evolve.generation import Evolution
 
 TINY = PPOConfig(num_envs=2, num_steps=8, total_timesteps=64, hidden_sizes=(8,),
@@ -43,9 +43,15 @@ GENERATIONS = 2
 
 
 def experiment(shard: bool) -> ExperimentConfig:
-    """6 candidates × 3 seeds = 18 runs per generation (padded to 20 on 4 devices)."""
+    """6 candidates × 3 seeds = 18 runs per generation (padded to 20 on 4 devices).
+
+    The objective evolved is a learned optimiser (the optimiser slot, in place of Adam):
+    its rule's meta-parameters and per-parameter features travel through the sharded
+    program like a loss's, and the loss slots' sharding is the same code path (the main
+    job's value distance runs on two devices in ``tests/test_runs.py``)."""
     return ExperimentConfig(
         name="sharding-test",
+        objective=ObjectiveConfig(name="learned_optimizer", options={"hidden_sizes": [4]}),
         inner=(TINY.replace(num_steps=16, total_timesteps=128),),
         es=ESConfig(population_size=6, generations=GENERATIONS),
         fitness=FitnessConfig(seeds_per_candidate=3, common_seeds=False),
