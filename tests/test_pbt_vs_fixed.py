@@ -1,10 +1,12 @@
 """Tests of experiments/pbt_vs_fixed.py.
 
-- Its statistics against hand-computed cases.
+- Its statistics, and the tuned arm's choice of setting and seeds, against hand-computed
+  cases.
 - Learning: on a small PPO CartPole task whose learning-rate prior spans four decades (most
   draws learn slowly), PBT's area under the population's median return curve is above the
   fixed population's, seed by seed (4 seeds as one vmapped program, with the script's own
-  arms; the full-size experiment is too long for the tests).
+  arms; the full-size experiment is too long for the tests). The same compiled program
+  tunes a setting on the script's tuning seeds and starts the tuned arm with it.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ import importlib.util
 import math
 from pathlib import Path
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -61,6 +65,26 @@ def test_paired_differences_count_seeds_and_keep_them_together():
     assert np.isclose(script.summary([1.0, 2.0, 3.0])["mean"], 2.0)
 
 
+def test_best_setting_takes_the_highest_score_then_the_larger_area_and_ranks_nan_last():
+    script = load_script()
+    nan = math.nan
+    assert script.best_setting([3.0, 5.0, 1.0], [9.0, 0.0, 9.0]) == 1  # score first
+    assert script.best_setting([3.0, 5.0, 5.0, 1.0], [0.0, 1.0, 2.0, 9.0]) == 2  # tie: area
+    assert script.best_setting([5.0, 5.0], [1.0, 1.0]) == 0  # full tie: the first
+    assert script.best_setting([nan, -2.0, -1.0], [100.0, 0.0, 0.0]) == 2  # NaN score last
+    assert script.best_setting([5.0, 5.0, 4.0], [nan, -10.0, 50.0]) == 1  # NaN area last
+    assert script.best_setting([nan, nan], [1.0, 2.0]) == 1  # all NaN: still by area
+
+
+def test_seed_lists_keep_the_tuning_seeds_apart_from_the_held_out_ones():
+    script = load_script()
+    seeds, tuning = script.seed_lists(8, 2)
+    assert seeds == list(range(1000, 1008)) and tuning == [2000, 2001]
+    assert len(script.seed_lists(1000, 5)[0]) == 1000  # 1000-1999: still apart
+    with pytest.raises(ValueError, match="tuning seeds"):
+        script.seed_lists(1001, 1)
+
+
 # ----------------------------------------------------------------------- learning
 
 
@@ -94,3 +118,30 @@ def test_pbt_beats_the_fixed_population_on_a_small_task_seed_by_seed():
     # 4 seeds 102 to 131 (on these seeds +39, +130, +107, +134).
     assert difference["seeds_above"] >= 3, difference
     assert difference["mean"] > 40.0, difference
+
+    # The tuned arm: chosen on the script's tuning seeds (as many populations as above, so
+    # the compiled programs serve them), started on the held-out seeds for one segment.
+    tuning_seeds = script.seed_lists(len(SMALL_SEEDS), len(SMALL_SEEDS))[1]
+    assert not set(tuning_seeds) & (set(SMALL_SEEDS) | set(script.seed_lists(8, 1)[0]))
+    tuning = script.tune(population, tuning_seeds, segments)
+    assert tuning["seeds"] == tuning_seeds
+    drawn = population.init(
+        jnp.stack([jax.random.split(jax.random.PRNGKey(seed))[0] for seed in tuning_seeds]))[1]
+    for name, values in tuning["candidates"].items():  # the tuning seeds' own draws
+        assert values == np.asarray(getattr(drawn, name)).reshape(-1).tolist(), name
+    scores = np.nan_to_num(np.asarray(tuning["scores"]), nan=-np.inf)
+    areas = np.nan_to_num(np.asarray(tuning["areas"]), nan=-np.inf)
+    best = np.flatnonzero(scores == scores.max())
+    index = tuning["chosen_index"]
+    assert index in best and areas[index] == areas[best].max(), tuning
+    assert tuning["chosen"] == {name: values[index]
+                                for name, values in tuning["candidates"].items()}
+    assert tuning["chosen_score"] == scores.max()
+    compiled = population.segment._cache_size()
+    tuned = population.train(SMALL_SEEDS, 1, exploit=False, hypers_override=tuning["chosen"])
+    assert population.segment._cache_size() == compiled  # new values, no new compilation
+    for name, value in tuning["chosen"].items():
+        assert np.all(np.asarray(tuned["hypers"][name]) == value), (name, tuned["hypers"])
+    assert len(set(tuned["fitness"].reshape(-1).tolist())) > 1  # members still differ
+    with pytest.raises(ValueError, match="no prior"):
+        population.check_override({"gamma": 0.9})
