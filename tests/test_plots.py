@@ -35,8 +35,10 @@ REPO = Path(__file__).resolve().parents[1]
 VALUE_DISTANCE_TOML = REPO / "experiments" / "value_distance_cartpole.toml"
 LPO_TOML = REPO / "experiments" / "lpo_cartpole_tiny.toml"
 # The same tiny setting as tests/test_notebooks.py, so the compiled generation step is shared.
+# Full generations (es.rungs=1): the file's successive halving needs 9 updates per agent at
+# least, and these runs have 4.
 TINY_OVERRIDES = ["es.generations=2", "es.population_size=2", "inner.total_timesteps=2048",
-                  "run.progress=false"]
+                  "es.rungs=1", "run.progress=false"]
 # The curves and grids are computed one jax operation at a time, each compiled for its
 # shapes: one size of curve and one of grid for every figure here compile each operation
 # once, not once a size (five sizes before: 499 compilations in this module, now 366).
@@ -318,6 +320,25 @@ def test_plot_fitness_from_metrics_lines():
     assert any("1 invalid" in t for t in texts)
     np.testing.assert_allclose(line(ax, "mean fitness").get_ydata(), [13.0, 46.0 / 3.0, 20.0])
     np.testing.assert_allclose(line(ax, "best of generation").get_ydata(), [16.0, 20.0, 22.0])
+
+
+def test_plot_fitness_of_a_run_in_rungs():
+    """Statistics over the candidates that trained the whole budget (as metrics.jsonl's),
+    the ones stopped early as dots."""
+    history = [
+        {"generation": 1, "fitness": [30.0, 200.0, 70.0, 35.0], "valid": [True] * 4,
+         "rung_reached": [0, 2, 1, 0], "best_fitness_so_far": 200.0},
+        {"generation": 2, "fitness": [210.0, 80.0, 33.0, float("nan")],
+         "valid": [True, True, True, False], "rung_reached": [2, 1, 0, 0],
+         "best_fitness_so_far": 210.0},
+    ]
+    (ax,) = content_axes(figures.plot_fitness(history))
+    texts = legend_texts(ax)
+    assert any("whole budget" in t for t in texts) and any("1 invalid" in t for t in texts)
+    np.testing.assert_allclose(line(ax, "mean fitness").get_ydata(), [200.0, 210.0])
+    stopped = line(ax, "stopped in an earlier rung (fitness so far)")
+    np.testing.assert_allclose(stopped.get_xdata(), [1, 1, 1, 2, 2])
+    np.testing.assert_allclose(stopped.get_ydata(), [30.0, 70.0, 35.0, 80.0, 33.0])
 
 
 def test_plot_fitness_rejects_empty_history():

@@ -31,19 +31,31 @@ def plot_fitness(history: Sequence[Mapping[str, Any]], *,
     Args:
         history: the lines of an evolution run's ``metrics.jsonl``
             (:func:`metarl.runs.layout.read_metrics`). Invalid candidates (NaN runs) are
-            left out of the statistics and counted in the legend.
+            left out of the statistics and counted in the legend. Lines of a run in rungs
+            (``es.rungs > 1``: ``rung_reached`` per candidate) draw their statistics from
+            the candidates that trained the whole budget, as ``metrics.jsonl``'s are; those
+            stopped early, whose fitness is over part of the training (and moved below the
+            rest, :func:`metarl.evolve.rungs.rank_below_survivors`), are dots apart.
         metric: the run's ``fitness.metric`` (for the y label).
         title: figure title.
     """
     if not history:
         raise ValueError("plot_fitness: the history is empty (no generation finished yet)")
     generations = np.array([line["generation"] for line in history])
+    last_rung = max((max(line["rung_reached"], default=0) for line in history
+                     if "rung_reached" in line), default=None)
     best, mean, low, high, std = [], [], [], [], []
+    stopped_x, stopped_y = [], []
     invalid = 0
-    for line in history:
+    for generation, line in zip(generations, history, strict=True):
         fitness = np.asarray(line["fitness"], np.float64)
         valid = np.asarray(line.get("valid", [True] * fitness.size), bool) & np.isfinite(fitness)
         invalid += int((~valid).sum())
+        if last_rung is not None and "rung_reached" in line:
+            whole = np.asarray(line["rung_reached"]) == last_rung
+            stopped_y.extend(fitness[valid & ~whole])
+            stopped_x.extend([generation] * int((valid & ~whole).sum()))
+            valid = valid & whole
         good = fitness[valid]
         if good.size:
             best.append(good.max())
@@ -63,14 +75,19 @@ def plot_fitness(history: Sequence[Mapping[str, Any]], *,
     fig = new_figure(7.5, 4.5)
     ax = fig.subplots()
     population = len(history[-1]["fitness"])
+    over = (f"{population} candidates" if last_rung is None else
+            "the candidates that trained the whole budget")
     ax.fill_between(generations, low, high, color="C0", alpha=0.18, step=None,
-                    label=f"min–max over {population} candidates")
+                    label=f"min–max over {over}")
     ax.fill_between(generations, mean - std, mean + std, color="C0", alpha=0.25,
                     label="mean ± std")
     ax.plot(generations, mean, color="C0", marker="o", lw=2, label="mean fitness")
     ax.plot(generations, best, color="C1", marker="^", lw=1.5, label="best of generation")
     ax.plot(generations, so_far, color="C3", ls="--", drawstyle="steps-post",
             label="best so far")
+    if stopped_x:
+        ax.plot(stopped_x, stopped_y, ls="none", marker=".", color="0.45", ms=4,
+                label="stopped in an earlier rung (fitness so far)")
     if invalid:
         ax.plot([], [], " ", label=f"{invalid} invalid candidate(s) left out")
     ax.set_xlabel("generation")
