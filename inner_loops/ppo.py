@@ -328,7 +328,9 @@ class PPOParts:
         objective: the ``"policy"`` and ``"value"`` losses, PPO's defaults filled in.
         vec_env: the agent's ``N`` environments, with their normalisers.
         network: the actor-critic: ``network.apply(params, obs [..., *obs_shape]) ->
-            (logits_or_mean [..., A], log_std [A], value [...])``.
+            (logits_or_mean [..., A], log_std [A], value [...])`` (for recurrent PPO the
+            :class:`~inner_loops.networks.RecurrentActorCritic`, which also reads and
+            returns a hidden state).
         action_low, action_high: ``[A]`` bounds continuous actions are clipped to before
             they reach the environment; ``None`` for discrete actions.
     """
@@ -384,8 +386,19 @@ def ppo_loss(parts: PPOParts, params, meta_params, hypers: Hyperparams, progress
     Returns ``(total [], diagnostics)``: ``policy_loss``, ``value_loss``, ``entropy``,
     ``approx_kl`` and ``clip_fraction``, each ``[]``.
     """
-    config, objective, discrete = parts.config, parts.objective, parts.discrete
     logits_or_mean, log_std, values = parts.network.apply(params, minibatch.obs)
+    return policy_value_loss(parts, meta_params, hypers, progress, minibatch, logits_or_mean,
+                             log_std, values)
+
+
+def policy_value_loss(parts: PPOParts, meta_params, hypers: Hyperparams, progress: jax.Array,
+                      minibatch: Minibatch, logits_or_mean: jax.Array, log_std: jax.Array,
+                      values: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """:func:`ppo_loss` from the network's outputs on ``minibatch.obs``: ``logits_or_mean
+    [..., A]``, ``log_std [A]`` and ``values [...]``, where ``[...]`` is the minibatch's
+    shape (``[B]`` for PPO, ``[T, B]`` for whole sequences); every mean runs over all of it.
+    """
+    config, objective, discrete = parts.config, parts.objective, parts.discrete
     new_log_prob = networks.log_prob(discrete, logits_or_mean, log_std, minibatch.action)
     log_ratio = new_log_prob - minibatch.log_prob
     advantages = minibatch.advantages
@@ -433,6 +446,22 @@ def rollout_step(parts: PPOParts, hypers: Hyperparams, carry: RolloutCarry, nois
     logits_or_mean, log_std, value = parts.network.apply(params, obs)
     action, log_prob = networks.action_from_noise(action_noise, parts.discrete,
                                                   logits_or_mean, log_std)
+    step, done, episodes, finished = step_environments(parts, hypers, env_state, episodes,
+                                                       action, env_noise)
+    transition = Transition(obs, action, log_prob, value, step.reward, step.terminated,
+                            done, step.final_obs)
+    return RolloutCarry(params, step.state, step.obs, episodes), (transition, finished)
+
+
+def step_environments(parts: PPOParts, hypers: Hyperparams, env_state: VecEnvState,
+                      episodes: EpisodeStats, action: jax.Array, env_noise):
+    """Step the ``N`` environments with the policy's ``action`` (``[N]`` or ``[N, A]``,
+    clipped to the action bounds here) and this step's presampled ``env_noise``.
+
+    Returns ``(step, done [N], episodes, finished)``: the
+    :class:`~inner_loops.envs.VecEnvStep`, which episodes ended, the running
+    :class:`EpisodeStats` after the step and this step's :class:`EpisodeEnds`.
+    """
     env_action = (action if parts.discrete
                   else jnp.clip(action, parts.action_low, parts.action_high))
     step = parts.vec_env.step(None, env_state, env_action, hypers.gamma, env_noise)
@@ -443,9 +472,7 @@ def rollout_step(parts: PPOParts, hypers: Hyperparams, carry: RolloutCarry, nois
     episodes = EpisodeStats(
         jnp.where(done, 0.0, running_return), jnp.where(done, 0.0, running_length)
     )
-    transition = Transition(obs, action, log_prob, value, step.reward, step.terminated,
-                            done, step.final_obs)
-    return RolloutCarry(params, step.state, step.obs, episodes), (transition, finished)
+    return step, done, episodes, finished
 
 
 def collect_rollout(parts: PPOParts, hypers: Hyperparams, state: PPOState,
@@ -483,12 +510,17 @@ def shuffle_into_minibatches(config: PPOConfig, batch: Minibatch, key: jax.Array
 
 def train_epochs(parts: PPOParts, meta_params, hypers: Hyperparams, progress: jax.Array,
                  learning_rate: jax.Array, params, opt_state, batch: Minibatch,
-                 key: jax.Array):
+                 key: jax.Array, loss_fn=ppo_loss, into_minibatches=None):
     """``update_epochs`` passes over ``batch`` (fields ``[T, N, ...]``), each freshly
     shuffled, one gradient step per minibatch.
 
     Returns ``(params, opt_state, diagnostics)``, each diagnostic of :func:`ppo_loss`
     ``[update_epochs, num_minibatches]``.
+
+    ``loss_fn`` (signature of :func:`ppo_loss`) and ``into_minibatches`` (``(batch, key) ->
+    minibatches`` with a leading ``[num_minibatches]`` axis; default
+    :func:`shuffle_into_minibatches`) let a learner with another batch layout (whole
+    sequences, :mod:`inner_loops.recurrent_ppo`) share the optimiser steps.
 
     With a learned update rule (the objective's optimiser slot) each minibatch step also
     passes ``progress`` and a key of its own, ``split(fold_in(permutation_key, 1))``, to
@@ -497,7 +529,9 @@ def train_epochs(parts: PPOParts, meta_params, hypers: Hyperparams, progress: ja
     config = parts.config
     optimizer = _optimizer(hypers, parts.objective, meta_params)
     learned = parts.objective.optimizer is not None
-    loss_grad = jax.grad(functools.partial(ppo_loss, parts), has_aux=True)
+    loss_grad = jax.grad(functools.partial(loss_fn, parts), has_aux=True)
+    if into_minibatches is None:
+        into_minibatches = functools.partial(shuffle_into_minibatches, config)
 
     def minibatch_step(carry, xs):
         params, opt_state = carry
@@ -516,7 +550,7 @@ def train_epochs(parts: PPOParts, meta_params, hypers: Hyperparams, progress: ja
 
     def epoch(carry, permutation_key):
         with jax.named_scope("shuffle"):
-            minibatches = shuffle_into_minibatches(config, batch, permutation_key)
+            minibatches = into_minibatches(batch, permutation_key)
         if learned:
             step_keys = jax.random.split(jax.random.fold_in(permutation_key, 1),
                                          config.num_minibatches)
@@ -614,6 +648,29 @@ def build(config: PPOConfig, objective: Objective | None = None) -> Learner:
     ``entropy``, ``approx_kl``, ``clip_fraction`` (means over the update's minibatches),
     ``learning_rate`` and ``finite`` (every loss of the update was finite).
     """
+    parts = make_parts(config, objective)
+    return Learner(
+        algorithm="ppo",
+        config=config,
+        objective=parts.objective,
+        spec=parts.vec_env.spec,
+        num_updates=config.num_updates,
+        steps_per_update=config.batch_size,
+        init_fn=functools.partial(init_state, parts),
+        advance_fn=functools.partial(advance, parts),
+        default_meta_params=parts.objective.init(jax.random.PRNGKey(0)),
+        default_hypers=config.hyperparams(),
+    )
+
+
+def make_parts(config: PPOConfig, objective: Objective | None = None,
+               network_fn=make_network) -> PPOParts:
+    """The :class:`PPOParts` of ``config``: ``objective`` with PPO's default losses in its
+    empty slots, the environments, and ``network_fn(config, spec)`` as the network.
+
+    Raises ``ValueError`` naming ``env_id``, ``env_params`` or ``policy`` when the
+    environment does not exist or does not fit.
+    """
     objective = (objective or Objective()).with_defaults(policy=ppo_clip(), value=clipped_l2())
     vec_env = make_vec_env(
         config.env_id, config.num_envs, config.normalize_obs, config.normalize_reward,
@@ -626,20 +683,8 @@ def build(config: PPOConfig, objective: Objective | None = None) -> Learner:
     else:
         action_low = jnp.asarray(spec.action_low, jnp.float32)
         action_high = jnp.asarray(spec.action_high, jnp.float32)
-    parts = PPOParts(config, objective, vec_env, make_network(config, spec), action_low,
-                     action_high)
-    return Learner(
-        algorithm="ppo",
-        config=config,
-        objective=objective,
-        spec=spec,
-        num_updates=config.num_updates,
-        steps_per_update=config.batch_size,
-        init_fn=functools.partial(init_state, parts),
-        advance_fn=functools.partial(advance, parts),
-        default_meta_params=objective.init(jax.random.PRNGKey(0)),
-        default_hypers=config.hyperparams(),
-    )
+    return PPOParts(config, objective, vec_env, network_fn(config, spec), action_low,
+                    action_high)
 
 
 def make_train(config: PPOConfig, objective: Objective | None = None):
