@@ -220,3 +220,94 @@ def squashed_gaussian(mean: jax.Array, log_std: jax.Array, noise: jax.Array,
                        axis=-1)
     correction = jnp.sum(2.0 * (jnp.log(2.0) - u - jax.nn.softplus(-2.0 * u)), axis=-1)
     return jnp.tanh(u), gaussian - correction
+
+
+# ------------------------------------------------------------- recurrent (recurrent PPO)
+
+
+class GRUCell(nn.Module):
+    """A gated recurrent unit: ``(hidden [..., H], x [..., D]) -> hidden [..., H]``.
+
+    ``r = sigmoid(x W_r + h U_r + b_r)``, ``z = sigmoid(x W_z + h U_z + b_z)``,
+    ``n = tanh(x W_n + b_n + r * (h U_n + c_n))`` and ``h' = (1 - z) * n + z * h``, with
+    ``W = [W_r, W_z, W_n]`` the ``"input"`` layer's kernel (bias ``b``, LeCun-normal init)
+    and ``U = [U_r, U_z, U_n]`` the ``"recurrent"`` layer's (bias ``c``, orthogonal init).
+    """
+
+    features: int
+    precision: str = "float32"
+
+    @nn.compact
+    def __call__(self, hidden: jax.Array, x: jax.Array) -> jax.Array:
+        dot_general = dot_general_for(self.precision)
+        from_input = nn.Dense(3 * self.features, bias_init=nn.initializers.zeros,
+                              dot_general=dot_general, name="input")(x)
+        from_hidden = nn.Dense(3 * self.features, kernel_init=nn.initializers.orthogonal(),
+                               bias_init=nn.initializers.zeros, dot_general=dot_general,
+                               name="recurrent")(hidden)
+        x_r, x_z, x_n = jnp.split(from_input, 3, axis=-1)
+        h_r, h_z, h_n = jnp.split(from_hidden, 3, axis=-1)
+        r = nn.sigmoid(x_r + h_r)
+        z = nn.sigmoid(x_z + h_z)
+        n = jnp.tanh(x_n + r * h_n)
+        return (1.0 - z) * n + z * hidden
+
+
+class RecurrentActorCritic(nn.Module):
+    """A GRU core over the flattened observation, then separate actor and critic MLPs.
+
+    ``__call__(hidden [..., H], obs [..., *obs_shape], start [...]) -> (hidden [..., H],
+    (logits_or_mean [..., A], log_std [A], value [...]))`` is one step: the hidden state is
+    zeroed where ``start`` (the observation begins an episode), the cell reads the
+    observation, and the heads read the new hidden state, which is returned *before* any
+    reset of the next step. :meth:`core` is the step without the heads, :meth:`heads` the
+    heads alone, :meth:`value_step` the critic after one cell step without a reset (for the
+    value of an episode's final observation). :func:`unroll` runs whole sequences.
+    """
+
+    action_dim: int
+    discrete: bool
+    obs_ndim: int
+    gru_size: int = 64
+    hidden_sizes: Sequence[int] = (64,)
+    activation: str = "tanh"
+    precision: str = "float32"
+
+    def setup(self):
+        self.cell = GRUCell(self.gru_size, self.precision)
+        self.actor = MLP(self.hidden_sizes, self.action_dim, 0.01, self.activation,
+                         self.precision)
+        self.critic = MLP(self.hidden_sizes, 1, 1.0, self.activation, self.precision)
+        if not self.discrete:
+            self.log_std = self.param("log_std", nn.initializers.zeros, (self.action_dim,))
+
+    def core(self, hidden: jax.Array, obs: jax.Array, start: jax.Array) -> jax.Array:
+        hidden = jnp.where(start[..., None], jnp.zeros_like(hidden), hidden)
+        return self.cell(hidden, flatten_obs(obs, self.obs_ndim))
+
+    def heads(self, hidden: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+        log_std = jnp.zeros((self.action_dim,)) if self.discrete else self.log_std
+        return self.actor(hidden), log_std, self.critic(hidden)[..., 0]
+
+    def __call__(self, hidden: jax.Array, obs: jax.Array, start: jax.Array):
+        hidden = self.core(hidden, obs, start)
+        return hidden, self.heads(hidden)
+
+    def value_step(self, hidden: jax.Array, obs: jax.Array) -> jax.Array:
+        return self.critic(self.cell(hidden, flatten_obs(obs, self.obs_ndim)))[..., 0]
+
+
+def unroll(network: RecurrentActorCritic, params, hidden: jax.Array, obs: jax.Array,
+           starts: jax.Array):
+    """``network`` over sequences from ``hidden [B, H]``: ``obs [T, B, *obs_shape]`` and
+    ``starts [T, B]`` (reset the hidden state before step ``t``).
+
+    Returns ``(hidden [B, H] after the last step, (logits_or_mean [T, B, A], log_std [A],
+    value [T, B]))``; the heads run once over all ``T * B`` hidden states.
+    """
+    def step(hidden, inputs):
+        hidden = network.apply(params, hidden, *inputs, method=network.core)
+        return hidden, hidden
+
+    last, hiddens = jax.lax.scan(step, hidden, (obs, starts))
+    return last, network.apply(params, hiddens, method=network.heads)
