@@ -37,6 +37,15 @@ s = ±1 at random)             (``OUTLIER``) with          is the noiseless one 
                               in all), else ``0``
 ============================  ==========================  ====================================
 
+One more probe needs memory and has no ``exact_q`` of its observation:
+``probe/memory-<delay>`` (discrete only; ``delay >= 1``, e.g. ``probe/memory-2``) shows a
+cue ``s = ±1`` at random at its first step, then ``delay`` blank observations ``s = 0``; the
+action taken at the last blank step earns ``+1`` if it matches the cue (action 1 for
+``+1``, action 0 for ``-1``), else ``-1``, and the episode terminates (every other step
+earns ``0``). A feed-forward policy sees the same blank observation whatever the cue, so its
+expected return is ``0``; one that remembers the cue earns ``1``. It is not among
+:func:`probe_ids` (the probes with an exact ``Q``); :func:`memory_probe_id` names it.
+
 All one-step probes and ``discount`` end by *termination* (no bootstrap from the last
 step); ``bootstrap`` ends only by *truncation*, so a learner that mistakes a time limit for
 termination learns ``Q = 1`` there instead of ``1 / (1 - gamma)``.
@@ -147,8 +156,63 @@ PROBES = {
 _OBSERVATION_ACTION = ("observation_action", "observation_action_outliers")
 
 
+MEMORY = "memory"
+
+
+class MemoryState(NamedTuple):
+    """``cue []`` float32 (``±1``) and ``t []`` int32, the step within the episode."""
+
+    cue: jax.Array
+    t: jax.Array
+
+
+def memory_probe_id(delay: int | str) -> str:
+    """The id of the memory probe with ``delay`` blank steps (see the module docstring)."""
+    return f"{PROBE_PREFIX}{MEMORY}-{delay}"
+
+
+def _memory_delay(env_id: str) -> int | None:
+    """``delay`` of ``probe/memory-<delay>``; ``None`` for any other id."""
+    prefix = f"{PROBE_PREFIX}{MEMORY}-"
+    if not env_id.startswith(prefix):
+        return None
+    delay = env_id[len(prefix):]
+    if not (delay.isascii() and delay.isdigit()) or delay != str(int(delay)) or int(delay) < 1:
+        raise ValueError(f"env_id: {env_id!r}: the memory probe's delay must be a positive "
+                         f"integer, e.g. {memory_probe_id(2)}")
+    return int(delay)
+
+
+def make_memory_env(delay: int) -> Env:
+    """The :class:`~inner_loops.envs.Env` of ``probe/memory-<delay>`` (discrete, obs ``[1]``,
+    ``delay + 1`` steps an episode)."""
+    spec = EnvSpec(memory_probe_id(delay), (1,), True, 2, max_episode_steps=delay + 1)
+
+    def observe(state):
+        return jnp.where(state.t == 0, state.cue, 0.0)[None].astype(jnp.float32)
+
+    def reset(key):
+        state = MemoryState(jnp.where(jax.random.bernoulli(key), 1.0, -1.0),
+                            jnp.zeros((), jnp.int32))
+        return observe(state), state
+
+    def step(key, state, action, fresh=None):
+        if fresh is None:
+            fresh = reset(key)
+        ended = state.t >= delay
+        reward = jnp.where(ended, _signed(action) * state.cue, 0.0).astype(jnp.float32)
+        reached = MemoryState(state.cue, state.t + 1)
+        final_obs = observe(reached)
+        obs, next_state = jax.tree.map(lambda a, b: jnp.where(ended, a, b), fresh,
+                                       (final_obs, reached))
+        return EnvStep(obs, next_state, reward, ended, jnp.zeros((), jnp.bool_), final_obs)
+
+    return Env(spec, reset, step)
+
+
 def probe_ids() -> list[str]:
-    """Every probe id :func:`inner_loops.envs.make_env` accepts."""
+    """Every probe id with an exact ``Q`` (all but the memory probes), each of which
+    :func:`inner_loops.envs.make_env` accepts."""
     return [f"{PROBE_PREFIX}{name}-{variant}" for name in PROBES for variant in VARIANTS]
 
 
@@ -156,15 +220,20 @@ def parse_probe_id(env_id: str) -> tuple[Probe, bool]:
     """``(probe, discrete)`` of ``probe/<name>-<variant>``; ``ValueError`` lists the ids."""
     name, _, variant = env_id[len(PROBE_PREFIX):].rpartition("-")
     if not env_id.startswith(PROBE_PREFIX) or name not in PROBES or variant not in VARIANTS:
-        raise ValueError(f"env_id: unknown probe {env_id!r}; allowed: {', '.join(probe_ids())}")
+        raise ValueError(f"env_id: unknown probe {env_id!r}; allowed: {', '.join(probe_ids())}"
+                         f", {memory_probe_id('<delay>')}")
     return PROBES[name], variant == "discrete"
 
 
 def make_probe_env(env_id: str, env_params: tuple = ()) -> Env:
     """The :class:`~inner_loops.envs.Env` of probe ``env_id`` (no parameters to set)."""
-    probe, discrete = parse_probe_id(env_id)
+    delay = _memory_delay(env_id)
+    if delay is None:
+        probe, discrete = parse_probe_id(env_id)
     if env_params:
         raise ValueError(f"env_params.{env_params[0][0]}: {env_id} has no parameters")
+    if delay is not None:
+        return make_memory_env(delay)
     if discrete:
         spec = EnvSpec(env_id, (1,), True, 2, max_episode_steps=probe.episode_steps)
     else:
