@@ -19,6 +19,7 @@ from inner_loops.population import (
     train_population,
 )
 from inner_loops.ppo import Hyperparams, PPOConfig, PPOState, compute_gae, make_train
+from inner_loops.recurrent_ppo import RecurrentPPOConfig
 from inner_loops.registry import (
     available_algorithms,
     get_algorithm,
@@ -38,6 +39,7 @@ __all__ = [
     "Objective",
     "PPOConfig",
     "PPOState",
+    "RecurrentPPOConfig",
     "SACConfig",
     "TD3Config",
     "advance_population",

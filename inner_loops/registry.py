@@ -22,6 +22,7 @@ DEFAULT_ALGORITHM = "ppo"
 # name -> module that registers it (imported on first look-up)
 BUILTIN_MODULES = {
     "ppo": "inner_loops.ppo",
+    "recurrent_ppo": "inner_loops.recurrent_ppo",
     "dqn": "inner_loops.dqn",
     "td3": "inner_loops.td3",
     "sac": "inner_loops.sac",
