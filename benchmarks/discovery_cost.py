@@ -4,8 +4,10 @@ held-out verdict of the full-budget one.
 Runs one evolution experiment (default: the README's main job, the value distance on
 CartPole-v1) with several search methods, each for ``--seeds`` evolution seeds:
 
-- ``open_es``: the experiment as written, every candidate training its whole budget, for
-  its ``es.generations``; its agent-steps are the budget ``B`` every fraction refers to;
+- ``open_es``: the experiment's search with full generations (``es.rungs = 1`` whatever
+  the file says: the main job and ``lpo_cpu.toml`` now train in rungs), every candidate
+  training its whole budget, for its ``es.generations``; its agent-steps are the budget
+  ``B`` every fraction refers to;
 - ``rungs``: successive halving (``es.rungs = 3``, ``eta = 3``);
 - ``pes`` / ``nres``: ``PersistentES`` / ``NoiseReuseES`` over ``--truncations``
   truncations of every training run (``metarl.evolve.truncation``).
@@ -58,7 +60,7 @@ from metarl.objectives import make_objective
 from metarl.stats import pooled_probability_of_improvement, verdict
 
 METHODS = {
-    "open_es": {},
+    "open_es": {"rungs": 1},  # full generations (the base is forced to them as well)
     "rungs": {"rungs": 3, "eta": 3},
     "pes": {"strategy": "PersistentES"},
     "nres": {"strategy": "NoiseReuseES"},
@@ -171,6 +173,9 @@ def main() -> None:
     metarl.use_cpu_cores()  # one JAX CPU device per core, before JAX starts
 
     base = load_experiment(args.experiment)
+    # the full run, and the start of every method, is the full generation: the experiment
+    # files may train in rungs themselves (the main job and lpo_cpu.toml do)
+    base = base.replace(es=dataclasses.replace(base.es, rungs=1))
     if args.generations:
         base = base.replace(es=dataclasses.replace(base.es, generations=args.generations))
     base = base.replace(run=dataclasses.replace(base.run, progress=False))

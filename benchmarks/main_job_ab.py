@@ -8,6 +8,11 @@ see the same machine, and each starts from an empty JAX compilation cache.
 
     python benchmarks/main_job_ab.py --base 278f762 --rounds 2 --out docs/results/main_job_ab.json
 
+The job trains full generations (``--set es.rungs=1``; ``--rungs`` chooses another number),
+as it did when ``docs/results/main_job_ab_*.json`` were measured: the experiment file has
+trained in rungs of successive halving since. A base revision older than ``[es] rungs``
+gets no override, and it trains full generations anyway.
+
 Prints one JSON document: the wall and CPU seconds of every run, the load average before
 each, each run's best fitness per generation, and whether the two revisions agree on them.
 """
@@ -30,9 +35,18 @@ ROOT = Path(__file__).resolve().parents[1]
 EXPERIMENT = "experiments/value_distance_cartpole.toml"
 
 
-def job_command(run_dir: Path, verb: str) -> list[str]:
-    return [sys.executable, "-m", "metarl.cli", verb, EXPERIMENT, "--run-dir", str(run_dir),
-            "--no-plots", "--set", "run.progress=false"]
+def job_command(run_dir: Path, verb: str, rungs: int | None) -> list[str]:
+    """The main job's command line; ``rungs``: the ``es.rungs`` override, or ``None`` for a
+    revision that has no such field."""
+    command = [sys.executable, "-m", "metarl.cli", verb, EXPERIMENT, "--run-dir", str(run_dir),
+               "--no-plots", "--set", "run.progress=false"]
+    return command + ([] if rungs is None else ["--set", f"es.rungs={rungs}"])
+
+
+def knows_rungs(source: Path) -> bool:
+    """Whether the package tree ``source`` has ``[es] rungs`` (successive halving)."""
+    config = source / "metarl" / "evolve" / "config.py"
+    return config.is_file() and "rungs: int" in config.read_text()
 
 
 def children_cpu_seconds() -> float:
@@ -40,13 +54,17 @@ def children_cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def run_job(source: Path, run_dir: Path, cache: Path, verb: str) -> dict:
+def run_job(source: Path, run_dir: Path, cache: Path, verb: str, rungs: int) -> dict:
     """Run the main job from the package tree ``source``; its seconds and fitness curve."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("XLA_", "JAX_"))}
     env.update(PYTHONPATH=str(source), JAX_COMPILATION_CACHE_DIR=str(cache))
     load = os.getloadavg()[0]
     cpu_before, started = children_cpu_seconds(), time.perf_counter()
-    done = subprocess.run(job_command(run_dir, verb), cwd=source, env=env,
+    if not knows_rungs(source):
+        if rungs != 1:
+            raise SystemExit(f"--rungs {rungs}: {source} has no [es] rungs")
+        rungs = None
+    done = subprocess.run(job_command(run_dir, verb, rungs), cwd=source, env=env,
                           capture_output=True, text=True)
     wall = time.perf_counter() - started
     if done.returncode != 0:
@@ -65,6 +83,9 @@ def main() -> None:
                         help="runs of each revision, alternating (default 2)")
     parser.add_argument("--base-verb", default="run",
                         help="CLI verb that starts the job at the base revision (default run)")
+    parser.add_argument("--rungs", type=int, default=1,
+                        help="es.rungs of the job (default 1: full generations, as the "
+                             "recorded comparisons ran)")
     parser.add_argument("--out", type=Path, help="also write the JSON document here")
     args = parser.parse_args()
     if args.rounds < 1:
@@ -85,7 +106,8 @@ def main() -> None:
                 for name, source, verb in (("base", base_tree, args.base_verb),
                                            ("working_tree", ROOT, "run")):
                     tag = f"{name}-{round_}"
-                    result = run_job(source, scratch / tag, scratch / f"cache-{tag}", verb)
+                    result = run_job(source, scratch / tag, scratch / f"cache-{tag}", verb,
+                                     args.rungs)
                     runs[name].append(result)
                     print(json.dumps({tag: result}), file=sys.stderr, flush=True)
         finally:
@@ -97,7 +119,7 @@ def main() -> None:
     report = {
         "benchmark": "main_job_ab",
         "base": base_revision,
-        "command": " ".join(job_command(Path("DIR"), "run")[1:]),
+        "command": " ".join(job_command(Path("DIR"), "run", args.rungs)[1:]),
         "order": ", ".join(["base, working tree"] * args.rounds),
         "runs": runs,
         "median_wall_seconds": median_wall,

@@ -30,11 +30,15 @@ NOTEBOOKS = sorted(NOTEBOOK_DIR.glob("*.ipynb"))
 # Knob values for the tests: those of TINY that a notebook defines, and every one of EXTRA's
 # for that notebook.
 TINY = {"GENERATIONS": 2, "POPULATION_SIZE": 2, "TOTAL_TIMESTEPS": 2048}
-EXTRA = {"02_value_distance.ipynb": {"EVAL_SEEDS": 2},
+# 01, 02 and 04 run the main job's file, whose successive halving (RUNGS = 3 there) needs
+# 9 updates per agent at least; TINY's 2048 steps are 4, so they train full generations:
+# the program tests/test_plots.py and tests/test_trackers.py compile too.
+EXTRA = {"01_quickstart.ipynb": {"RUNGS": 1},
+         "02_value_distance.ipynb": {"EVAL_SEEDS": 2, "RUNGS": 1},
          # A drift heatmap costs CPU per cell of its grid to evaluate and draw (31 x 31
          # instead of 201 x 201: 2.5 s less).
          "03_lpo_drift.ipynb": {"GRID_POINTS": 31},
-         "04_resume.ipynb": {"RESUME_TO": 3},
+         "04_resume.ipynb": {"RESUME_TO": 3, "RUNGS": 1},
          # 1024 steps per agent (32 SAC updates, gradient steps from the 8th) still end one
          # 200-step Pendulum episode in each of the 4 environments, so every learning curve
          # has a point; 2048 spent 2.5 s more CPU on gradient steps.
