@@ -306,6 +306,12 @@ def _optimizer(hypers: Hyperparams, objective: Objective | None = None,
                        objective.optimizer_transformation(meta_params))
 
 
+def init_optimizer(parts: PPOParts, params, meta_params, hypers: Hyperparams):
+    """The optimiser state (of :func:`_optimizer`) a fresh agent with ``params`` starts
+    from."""
+    return _optimizer(hypers, parts.objective, meta_params).init(params)
+
+
 def _check_policy_fits(config: PPOConfig, discrete: bool) -> None:
     if discrete and config.policy == "gaussian":
         raise ValueError(
@@ -368,7 +374,7 @@ def init_state(parts: PPOParts, key: jax.Array, meta_params, hypers: Hyperparams
     nan = jnp.full((), jnp.nan, jnp.float32)
     return PPOState(
         params=params,
-        opt_state=_optimizer(hypers, parts.objective, meta_params).init(params),
+        opt_state=init_optimizer(parts, params, meta_params, hypers),
         env_state=env_state,
         obs=obs,
         episodes=EpisodeStats(jnp.zeros(num_envs), jnp.zeros(num_envs)),
