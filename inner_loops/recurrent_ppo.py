@@ -152,7 +152,7 @@ def init_state(parts: PPOParts, key: jax.Array, meta_params,
     nan = jnp.full((), jnp.nan, jnp.float32)
     return RecurrentPPOState(
         params=params,
-        opt_state=ppo._optimizer(hypers, parts.objective, meta_params).init(params),
+        opt_state=ppo.init_optimizer(parts, params, meta_params, hypers),
         env_state=env_state,
         obs=obs,
         hidden=hidden,
