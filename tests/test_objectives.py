@@ -540,15 +540,17 @@ def test_a_factory_must_fill_the_slots_it_declares():
         register_objective(name, slots=("critic",))
 
 
+# PPO and its recurrent variant share the loss code, so a policy objective fits both
+PPO_FAMILY = ("ppo", "recurrent_ppo")
 # what each shipped objective declares: slots, algorithms (None: any with its slots), baselines
 DECLARATIONS = {
-    "ppo": (("policy", "value"), ("ppo",), ()),
+    "ppo": (("policy", "value"), PPO_FAMILY, ()),
     "l2": (("value",), None, ("ppo",)),
     "value_distance": (("value",), None, ("ppo", "l2", "huber")),
     "huber": (("value",), None, ("l2",)),
-    "lpo": (("policy",), ("ppo",), ("ppo", "dpo")),
-    "ta_lpo": (("policy",), ("ppo",), ("ppo", "dpo")),
-    "dpo": (("policy",), ("ppo",), ("ppo",)),
+    "lpo": (("policy",), PPO_FAMILY, ("ppo", "dpo")),
+    "ta_lpo": (("policy",), PPO_FAMILY, ("ppo", "dpo")),
+    "dpo": (("policy",), PPO_FAMILY, ("ppo",)),
 }
 
 

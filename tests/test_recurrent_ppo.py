@@ -19,6 +19,7 @@ generation (the bit-for-bit equality is stated for it); they are most of the fil
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -289,6 +290,9 @@ def test_registered_with_ppos_slots():
     assert RecurrentPPOConfig().gru_size == 64
 
 
-def test_an_objective_for_ppo_only_is_refused_by_name():
+def test_policy_objectives_fit_and_one_for_ppo_only_is_refused_by_name():
+    for name in ("lpo", "ta_lpo", "dpo", "symbolic_drift", "ppo"):
+        assert "recurrent_ppo" in make_objective(name).algorithms, name
+    ppo_only = dataclasses.replace(make_objective("lpo"), algorithms=("ppo",))
     with pytest.raises(ValueError, match=r"does not fit algorithm 'recurrent_ppo'.*ppo only"):
-        make_learner(CONFIG, make_objective("lpo"))
+        make_learner(CONFIG, ppo_only)

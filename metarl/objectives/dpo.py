@@ -93,7 +93,8 @@ def drift_fn(alpha: float = DEFAULT_ALPHA, beta: float = DEFAULT_BETA) -> DriftF
     return DriftFunction(closed_form, f"DPO drift (α = {alpha:g}, β = {beta:g})")
 
 
-@register_objective("dpo", slots=("policy",), algorithms=("ppo",), baselines=("ppo",),
+@register_objective("dpo", slots=("policy",), algorithms=("ppo", "recurrent_ppo"),
+                    baselines=("ppo",),
                     tunables=(Tunable("alpha", (1.0, 4.0), option=True),
                               Tunable("beta", (0.3, 1.2), option=True), LEARNING_RATE))
 def make_dpo(alpha: float = DEFAULT_ALPHA, beta: float = DEFAULT_BETA) -> Objective:

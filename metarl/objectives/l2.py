@@ -27,7 +27,7 @@ from metarl.objectives.registry import LEARNING_RATE, VF_COEF, Tunable, register
 CLIP_EPS = Tunable("clip_eps", (0.05, 0.1, 0.2, 0.4))
 
 
-@register_objective("ppo", slots=("policy", "value"), algorithms=("ppo",),
+@register_objective("ppo", slots=("policy", "value"), algorithms=("ppo", "recurrent_ppo"),
                     tunables=(CLIP_EPS, LEARNING_RATE))
 def make_ppo() -> Objective:
     """Standard PPO: clipped surrogate and clipped L2 value loss."""

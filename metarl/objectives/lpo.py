@@ -240,8 +240,9 @@ def _figures(request) -> dict:
     return drift_figures(request, drift_fn, reference_drifts)
 
 
-@register_objective("lpo", slots=("policy",), algorithms=("ppo",), baselines=("ppo", "dpo"),
-                     plot=_figures)
+@register_objective("lpo", slots=("policy",), algorithms=("ppo", "recurrent_ppo"),
+                    baselines=("ppo", "dpo"),
+                    plot=_figures)
 def make_lpo(
     hidden_sizes: Sequence[int] = DEFAULT_HIDDEN_SIZES, ppo_init: bool = False,
     zero_init: bool = False,

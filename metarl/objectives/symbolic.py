@@ -179,7 +179,7 @@ def make_symbolic(value: str = "0.5*x**2") -> Objective:
     return Objective(value=symbolic_value_term(value))
 
 
-@register_objective("symbolic_drift", slots=("policy",), algorithms=("ppo",),
+@register_objective("symbolic_drift", slots=("policy",), algorithms=("ppo", "recurrent_ppo"),
                     baselines=("ppo", "dpo"), tunables=(LEARNING_RATE,))
 def make_symbolic_drift(drift: str = "0") -> Objective:
     """A drift written as an expression in ``r``, ``A`` and ``p`` as PPO's policy loss."""

@@ -88,7 +88,7 @@ def _figures(request) -> dict:
     return drift_figures(request, drift_fn, reference_drifts)
 
 
-@register_objective("ta_lpo", slots=("policy",), algorithms=("ppo",),
+@register_objective("ta_lpo", slots=("policy",), algorithms=("ppo", "recurrent_ppo"),
                      baselines=("ppo", "dpo"), plot=_figures)
 def make_ta_lpo(
     hidden_sizes: Sequence[int] = DEFAULT_HIDDEN_SIZES, ppo_init: bool = False,
