@@ -1,4 +1,4 @@
-"""The one adapter over gymnax and brax.
+"""The one adapter over gymnax, brax, XLand-MiniGrid and Craftax.
 
 Everything the PPO loop needs from an environment goes through :func:`make_env`, which
 returns an :class:`Env` with the same pure interface for both libraries:
@@ -20,7 +20,9 @@ and reward normalisation statistics (for continuous control).
 Environment ids: any gymnax id (``CartPole-v1``, ``Breakout-MinAtar``, ...),
 ``brax/<name>`` for brax (``brax/ant``, ``brax/hopper``, ``brax/halfcheetah``, ...), or
 ``probe/<name>-<discrete|continuous>`` for the probe tasks of :mod:`inner_loops.probe_envs`,
-whose exact Q-values are known.
+whose exact Q-values are known, and, with their optional packages installed,
+``xminigrid/<name>`` (``xminigrid/MiniGrid-Empty-5x5``, ...) and
+``craftax/Craftax-Classic-Symbolic-v1`` (see :mod:`inner_loops.jax_envs`).
 
 Environment parameters: ``env_params`` overrides scalar fields of a gymnax environment's
 default ``EnvParams`` (``{"max_steps_in_episode": 200}``, CartPole's ``"gravity"`` ...), set
@@ -67,10 +69,11 @@ def available_envs() -> list[str]:
     """Every id :func:`make_env` accepts."""
     import gymnax
 
+    from inner_loops.jax_envs import craftax_ids, xminigrid_ids
     from inner_loops.probe_envs import probe_ids
 
     return (list(gymnax.registered_envs) + [BRAX_PREFIX + name for name in _brax_names()]
-            + probe_ids())
+            + probe_ids() + xminigrid_ids() + craftax_ids())
 
 
 def _brax_names() -> list[str]:
@@ -112,7 +115,8 @@ def make_env(env_id: str, env_params: Mapping[str, Any] | Iterable[tuple[str, An
              ) -> Env:
     """Build the environment named ``env_id`` with ``env_params`` overriding its defaults.
 
-    Raises ``ValueError`` listing the valid ids, or the parameters the environment has.
+    Raises ``ValueError`` listing the valid ids, or the parameters the environment has, or
+    naming the extra to install when the environment's optional package is missing.
     """
     if not isinstance(env_id, str):
         raise ValueError(f"env_id must be a string, got {env_id!r}")
@@ -123,6 +127,12 @@ def make_env(env_id: str, env_params: Mapping[str, Any] | Iterable[tuple[str, An
         from inner_loops.probe_envs import make_probe_env
 
         return make_probe_env(env_id, pairs)
+    from inner_loops import jax_envs
+
+    if env_id.startswith(jax_envs.XMINIGRID_PREFIX):
+        return jax_envs.make_xminigrid_env(env_id, pairs)
+    if env_id.startswith(jax_envs.CRAFTAX_PREFIX):
+        return jax_envs.make_craftax_env(env_id, pairs)
     return _cached_gymnax_env(env_id, pairs)
 
 

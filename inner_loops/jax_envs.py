@@ -1,0 +1,169 @@
+"""XLand-MiniGrid and Craftax as environments of the adapter (:mod:`inner_loops.envs`).
+
+Both packages are optional extras, imported only when one of their ids is made:
+
+- ``xminigrid/<name>``: an XLand-MiniGrid environment ported from MiniGrid
+  (``xminigrid/MiniGrid-Empty-5x5``, ``xminigrid/MiniGrid-DoorKey-8x8``, ...), from
+  ``pip install "metarl[xminigrid]"``. Its observation, a ``[V, V, 2]`` grid of (tile, colour)
+  ids seen by the agent, becomes a float32 vector ``[V * V * (13 + 12)]``: each cell's tile and
+  colour one-hot. ``env_params`` may set ``max_steps`` (the time limit) and ``view_size``.
+  The ``XLand-MiniGrid-*`` ids are refused: their goal and rules come from a benchmark ruleset
+  (``xminigrid.load_benchmark``), which xminigrid downloads from Hugging Face.
+- ``craftax/Craftax-Classic-Symbolic-v1``: Craftax-Classic with its symbolic observation,
+  a float32 vector ``[1345]``, from ``pip install "metarl[craftax]"``. ``env_params`` may set
+  the scalar fields of its ``EnvParams`` (``max_timesteps``, ``day_length``, ...). Dying or
+  walking into lava terminates an episode; reaching ``max_timesteps`` truncates it.
+
+Both work with jax < 0.10 (tested with jax 0.9.2, xminigrid 0.9.3 and craftax 1.6.1).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import importlib.util
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from inner_loops.env_spec import Env, EnvSpec, EnvStep
+from inner_loops.envs import EnvParamPairs, _integer_param, _select_reset, _with_overrides
+
+XMINIGRID_PREFIX = "xminigrid/"
+CRAFTAX_PREFIX = "craftax/"
+CRAFTAX_IDS = ("Craftax-Classic-Symbolic-v1",)
+XMINIGRID_PARAMS = ("max_steps", "view_size")
+# Largest int32: a time limit Craftax never reaches, for telling death from running out of time.
+_NO_TIME_LIMIT = 2**31 - 1
+
+
+class MissingEnvPackageError(ImportError, ValueError):
+    """An environment's optional package is not installed (a ``ValueError`` too, like every
+    other bad ``env_id``)."""
+
+
+def _import(package: str, env_id: str) -> Any:
+    try:
+        return importlib.import_module(package)
+    except ImportError as error:
+        raise MissingEnvPackageError(
+            f"env_id: {env_id} needs the {package} package; install it with "
+            f'pip install "metarl[{package}]" (a version that works with jax < 0.10)'
+        ) from error
+
+
+def xminigrid_ids() -> list[str]:
+    """The ``xminigrid/`` ids :func:`inner_loops.envs.make_env` accepts (none when the
+    package is missing)."""
+    try:
+        import xminigrid
+    except ImportError:
+        return []
+    return [XMINIGRID_PREFIX + name for name in xminigrid.registered_environments()
+            if name.startswith("MiniGrid-")]
+
+
+def craftax_ids() -> list[str]:
+    """The ``craftax/`` ids :func:`inner_loops.envs.make_env` accepts (none when the package
+    is missing)."""
+    if importlib.util.find_spec("craftax") is None:
+        return []
+    return [CRAFTAX_PREFIX + name for name in CRAFTAX_IDS]
+
+
+@functools.cache
+def make_xminigrid_env(env_id: str, env_params: EnvParamPairs = ()) -> Env:
+    """The adapter's :class:`Env` for ``xminigrid/<name>``; observations ``[V * V * 25]``."""
+    xminigrid = _import("xminigrid", env_id)
+    from xminigrid.core.constants import NUM_COLORS, NUM_TILES
+
+    name = env_id[len(XMINIGRID_PREFIX):]
+    if name.startswith("XLand-MiniGrid"):
+        raise ValueError(
+            f"env_id: {env_id} is not supported: XLand-MiniGrid environments take their goal "
+            "and rules from a benchmark ruleset (xminigrid.load_benchmark), which xminigrid "
+            "downloads from Hugging Face; use one of the MiniGrid-* ids: "
+            f"{', '.join(xminigrid_ids())}"
+        )
+    if name not in xminigrid.registered_environments():
+        raise ValueError(f"env_id: unknown environment {env_id!r}; allowed: "
+                         f"{', '.join(xminigrid_ids())}")
+    overrides = {}
+    for param, value in env_params:
+        if param not in XMINIGRID_PARAMS:
+            raise ValueError(f"env_params.{param}: {env_id} has no such parameter; allowed: "
+                             f"{', '.join(XMINIGRID_PARAMS)}")
+        overrides[param] = _integer_param(param, value, minimum=1)
+    env, params = xminigrid.make(name, **overrides)
+    view = int(params.view_size)
+    spec = EnvSpec(env_id, (view * view * (NUM_TILES + NUM_COLORS),), True,
+                   int(env.num_actions(params)), max_episode_steps=int(params.max_steps))
+
+    def observe(grid):
+        # Tile and colour ids name categories, not amounts: one-hot keeps a key (7) as far
+        # from a door (8-10) as from a wall (2), where scaling the ids would make them close.
+        tiles = jax.nn.one_hot(grid[..., 0], NUM_TILES, dtype=jnp.float32)
+        colours = jax.nn.one_hot(grid[..., 1], NUM_COLORS, dtype=jnp.float32)
+        return jnp.concatenate([tiles, colours], axis=-1).reshape(-1)
+
+    def reset(key):
+        timestep = env.reset(params, key)
+        return observe(timestep.observation), timestep
+
+    def step(key, state, action, fresh=None):
+        if fresh is None:
+            fresh = reset(key)
+        timestep = env.step(params, state, action)
+        # xminigrid ends an episode with step_type LAST; its discount is 0 only when the
+        # goal was reached, and 1 when the step limit cut the episode short.
+        ended = timestep.last()
+        terminated = jnp.logical_and(ended, timestep.discount == 0.0)
+        truncated = jnp.logical_and(ended, jnp.logical_not(terminated))
+        final_obs = observe(timestep.observation)
+        obs, state = _select_reset(ended, fresh, (final_obs, timestep))
+        return EnvStep(obs, state, timestep.reward.astype(jnp.float32), terminated, truncated,
+                       final_obs)
+
+    return Env(spec, reset, step)
+
+
+@functools.cache
+def make_craftax_env(env_id: str, env_params: EnvParamPairs = ()) -> Env:
+    """The adapter's :class:`Env` for ``craftax/Craftax-Classic-Symbolic-v1``; observations
+    ``[1345]``."""
+    name = env_id[len(CRAFTAX_PREFIX):]
+    if name not in CRAFTAX_IDS:
+        raise ValueError(
+            f"env_id: unknown or unsupported environment {env_id!r}; allowed: "
+            f"{', '.join(CRAFTAX_PREFIX + n for n in CRAFTAX_IDS)} (the pixel observations "
+            "and full Craftax are not supported)"
+        )
+    _import("craftax", env_id)
+    from craftax.craftax_env import make_craftax_env_from_name
+
+    env = make_craftax_env_from_name(name, auto_reset=False)
+    params = _with_overrides(env_id, env.default_params, env_params)
+    # is_terminal counts reaching max_timesteps as game over; without the limit it is death.
+    no_limit = params.replace(max_timesteps=_NO_TIME_LIMIT)
+    spec = EnvSpec(env_id, tuple(env.observation_space(params).shape), True,
+                   int(env.action_space(params).n),
+                   max_episode_steps=int(params.max_timesteps))
+
+    def reset(key):
+        obs, state = env.reset_env(key, params)
+        return obs.astype(jnp.float32), state
+
+    def step(key, state, action, fresh=None):
+        if fresh is None:
+            key, reset_key = jax.random.split(key)
+            fresh = reset(reset_key)
+        final_obs, next_state, reward, done, _ = env.step_env(key, state, action, params)
+        terminated = jnp.asarray(env.is_terminal(next_state, no_limit), jnp.bool_)
+        truncated = jnp.logical_and(done, jnp.logical_not(terminated))
+        final_obs = final_obs.astype(jnp.float32)
+        obs, state = _select_reset(done, fresh, (final_obs, next_state))
+        return EnvStep(obs, state, jnp.asarray(reward, jnp.float32), terminated, truncated,
+                       final_obs)
+
+    return Env(spec, reset, step)
