@@ -63,7 +63,8 @@ class PPOConfig:
     fit its actions) run when the learner is built, and name the field too.
 
     Attributes:
-        env_id: gymnax id (``CartPole-v1``, ``Breakout-MinAtar``, ...) or ``brax/<name>``.
+        env_id: gymnax id (``CartPole-v1``, ``Breakout-MinAtar``, ...), ``brax/<name>``,
+            ``xminigrid/<name>`` or ``craftax/Craftax-Classic-Symbolic-v1``.
         env_params: overrides of the environment's parameters, e.g.
             ``{"max_steps_in_episode": 200}`` (see :mod:`inner_loops.envs`); a mapping is
             stored as sorted ``(name, value)`` pairs. Default: none.
