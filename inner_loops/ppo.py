@@ -630,11 +630,37 @@ def update(parts: PPOParts, meta_params, hypers: Hyperparams, state: PPOState, _
     return state, summary
 
 
+def scan_updates(update_fn, parts: PPOParts, state, meta_params, hypers: Hyperparams,
+                 num_updates: int):
+    """``num_updates`` calls of ``update_fn(parts, meta_params, hypers, state, _) ->
+    (state, summary)`` in one ``lax.scan``; metrics ``[num_updates]`` each."""
+    return jax.lax.scan(functools.partial(update_fn, parts, meta_params, hypers), state, None,
+                        length=num_updates)
+
+
 def advance(parts: PPOParts, state: PPOState, meta_params, hypers: Hyperparams,
             num_updates: int) -> tuple[PPOState, dict[str, jax.Array]]:
     """``num_updates`` updates in one ``lax.scan``; metrics ``[num_updates]`` each."""
-    return jax.lax.scan(functools.partial(update, parts, meta_params, hypers), state, None,
-                        length=num_updates)
+    return scan_updates(update, parts, state, meta_params, hypers, num_updates)
+
+
+def learner_from_parts(algorithm: str, parts: PPOParts, init_fn, update_fn) -> Learner:
+    """The :class:`~inner_loops.learner.Learner` named ``algorithm`` over ``parts``: agents
+    start as ``init_fn(parts, key, meta_params, hypers)`` and move by ``update_fn`` (as
+    :func:`update`); PPO and recurrent PPO differ only in these two."""
+    config = parts.config
+    return Learner(
+        algorithm=algorithm,
+        config=config,
+        objective=parts.objective,
+        spec=parts.vec_env.spec,
+        num_updates=config.num_updates,
+        steps_per_update=config.batch_size,
+        init_fn=functools.partial(init_fn, parts),
+        advance_fn=functools.partial(scan_updates, update_fn, parts),
+        default_meta_params=parts.objective.init(jax.random.PRNGKey(0)),
+        default_hypers=config.hyperparams(),
+    )
 
 
 def build(config: PPOConfig, objective: Objective | None = None) -> Learner:
@@ -655,19 +681,7 @@ def build(config: PPOConfig, objective: Objective | None = None) -> Learner:
     ``entropy``, ``approx_kl``, ``clip_fraction`` (means over the update's minibatches),
     ``learning_rate`` and ``finite`` (every loss of the update was finite).
     """
-    parts = make_parts(config, objective)
-    return Learner(
-        algorithm="ppo",
-        config=config,
-        objective=parts.objective,
-        spec=parts.vec_env.spec,
-        num_updates=config.num_updates,
-        steps_per_update=config.batch_size,
-        init_fn=functools.partial(init_state, parts),
-        advance_fn=functools.partial(advance, parts),
-        default_meta_params=parts.objective.init(jax.random.PRNGKey(0)),
-        default_hypers=config.hyperparams(),
-    )
+    return learner_from_parts("ppo", make_parts(config, objective), init_state, update)
 
 
 def make_parts(config: PPOConfig, objective: Objective | None = None,

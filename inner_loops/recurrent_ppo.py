@@ -269,30 +269,12 @@ def update(parts: PPOParts, meta_params, hypers: Hyperparams, state: RecurrentPP
     return state, summary
 
 
-def advance(parts: PPOParts, state: RecurrentPPOState, meta_params, hypers: Hyperparams,
-            num_updates: int) -> tuple[RecurrentPPOState, dict[str, jax.Array]]:
-    """``num_updates`` updates in one ``lax.scan``; metrics ``[num_updates]`` each."""
-    return jax.lax.scan(functools.partial(update, parts, meta_params, hypers), state, None,
-                        length=num_updates)
-
-
 def build(config: RecurrentPPOConfig, objective: Objective | None = None) -> Learner:
     """The recurrent PPO :class:`~inner_loops.learner.Learner` of ``config`` and
     ``objective``: slots, errors and metrics are PPO's (see :func:`inner_loops.ppo.build`).
     """
-    parts = ppo.make_parts(config, objective, make_network)
-    return Learner(
-        algorithm="recurrent_ppo",
-        config=config,
-        objective=parts.objective,
-        spec=parts.vec_env.spec,
-        num_updates=config.num_updates,
-        steps_per_update=config.batch_size,
-        init_fn=functools.partial(init_state, parts),
-        advance_fn=functools.partial(advance, parts),
-        default_meta_params=parts.objective.init(jax.random.PRNGKey(0)),
-        default_hypers=config.hyperparams(),
-    )
+    return ppo.learner_from_parts("recurrent_ppo", ppo.make_parts(config, objective, make_network),
+                                  init_state, update)
 
 
 register_algorithm(
