@@ -7,8 +7,11 @@ Both packages are optional extras, imported only when one of their ids is made:
   ``pip install "metarl[xminigrid]"``. Its observation, a ``[V, V, 2]`` grid of (tile, colour)
   ids seen by the agent, becomes a float32 vector ``[V * V * (13 + 12)]``: each cell's tile and
   colour one-hot. ``env_params`` may set ``max_steps`` (the time limit) and ``view_size``.
-  The ``XLand-MiniGrid-*`` ids are refused: their goal and rules come from a benchmark ruleset
-  (``xminigrid.load_benchmark``), which xminigrid downloads from Hugging Face.
+- ``xminigrid/<XLand id>/<benchmark>``: an XLand-MiniGrid layout whose every episode draws its
+  task (goal, rules, objects) from one of xminigrid's benchmarks
+  (``xminigrid/XLand-MiniGrid-R1-9x9/trivial-21k``). metarl reads the benchmark from
+  xminigrid's data folder (``XLAND_MINIGRID_DATA``, by default ``~/.xland_minigrid``) and
+  never downloads it: ``xminigrid.load_benchmark(name)`` does, from Hugging Face.
 - ``craftax/Craftax-Classic-Symbolic-v1``: Craftax-Classic with its symbolic observation,
   a float32 vector ``[1345]``, from ``pip install "metarl[craftax]"``. ``env_params`` may set
   the scalar fields of its ``EnvParams`` (``max_timesteps``, ``day_length``, ...). Dying or
@@ -22,6 +25,7 @@ from __future__ import annotations
 import functools
 import importlib
 import importlib.util
+import os
 from typing import Any
 
 import jax
@@ -54,14 +58,20 @@ def _import(package: str, env_id: str) -> Any:
 
 
 def xminigrid_ids() -> list[str]:
-    """The ``xminigrid/`` ids :func:`inner_loops.envs.make_env` accepts (none when the
+    """The ``xminigrid/`` ids :func:`inner_loops.envs.make_env` accepts: the MiniGrid ones,
+    and each XLand one with each benchmark found in xminigrid's data folder (none when the
     package is missing)."""
     try:
         import xminigrid
+        from xminigrid import benchmarks
     except ImportError:
         return []
-    return [XMINIGRID_PREFIX + name for name in xminigrid.registered_environments()
-            if name.startswith("MiniGrid-")]
+    names = xminigrid.registered_environments()
+    found = [name for name in benchmarks.registered_benchmarks() if os.path.exists(
+        os.path.join(benchmarks.DATA_PATH, benchmarks.NAME2HFFILENAME[name]))]
+    return ([XMINIGRID_PREFIX + name for name in names if name.startswith("MiniGrid-")]
+            + [f"{XMINIGRID_PREFIX}{name}/{benchmark}" for name in names
+               if name.startswith("XLand-") for benchmark in found])
 
 
 def craftax_ids() -> list[str]:
@@ -78,17 +88,18 @@ def make_xminigrid_env(env_id: str, env_params: EnvParamPairs = ()) -> Env:
     xminigrid = _import("xminigrid", env_id)
     from xminigrid.core.constants import NUM_COLORS, NUM_TILES
 
-    name = env_id[len(XMINIGRID_PREFIX):]
-    if name.startswith("XLand-MiniGrid"):
-        raise ValueError(
-            f"env_id: {env_id} is not supported: XLand-MiniGrid environments take their goal "
-            "and rules from a benchmark ruleset (xminigrid.load_benchmark), which xminigrid "
-            "downloads from Hugging Face; use one of the MiniGrid-* ids: "
-            f"{', '.join(xminigrid_ids())}"
-        )
+    name, _, benchmark_name = env_id[len(XMINIGRID_PREFIX):].partition("/")
     if name not in xminigrid.registered_environments():
         raise ValueError(f"env_id: unknown environment {env_id!r}; allowed: "
-                         f"{', '.join(xminigrid_ids())}")
+                         f"{', '.join(xminigrid_ids())}, or xminigrid/XLand-MiniGrid-<layout>"
+                         "/<benchmark> (see xminigrid.registered_environments() and "
+                         "xminigrid.registered_benchmarks())")
+    benchmark = None
+    if name.startswith("XLand-MiniGrid"):
+        benchmark = _load_benchmark(env_id, benchmark_name)
+    elif benchmark_name:
+        raise ValueError(f"env_id: {env_id}: only XLand-MiniGrid environments take a "
+                         "benchmark; the MiniGrid ones have their own goal")
     overrides = {}
     for param, value in env_params:
         if param not in XMINIGRID_PARAMS:
@@ -108,12 +119,19 @@ def make_xminigrid_env(env_id: str, env_params: EnvParamPairs = ()) -> Env:
         return jnp.concatenate([tiles, colours], axis=-1).reshape(-1)
 
     def reset(key):
-        timestep = env.reset(params, key)
+        if benchmark is None:
+            timestep = env.reset(params, key)
+        else:
+            # every episode draws its task (goal, rules, objects) from the benchmark
+            ruleset_key, key = jax.random.split(key)
+            timestep = env.reset(params.replace(ruleset=benchmark.sample_ruleset(ruleset_key)),
+                                 key)
         return observe(timestep.observation), timestep
 
     def step(key, state, action, fresh=None):
         if fresh is None:
             fresh = reset(key)
+        # the goal and rules of an episode live in its state; params only set sizes and limits
         timestep = env.step(params, state, action)
         # xminigrid ends an episode with step_type LAST; its discount is 0 only when the
         # goal was reached, and 1 when the step limit cut the episode short.
@@ -126,6 +144,29 @@ def make_xminigrid_env(env_id: str, env_params: EnvParamPairs = ()) -> Env:
                        final_obs)
 
     return Env(spec, reset, step)
+
+
+def _load_benchmark(env_id: str, benchmark_name: str) -> Any:
+    """The xminigrid benchmark (a distribution of rulesets) named in ``env_id``, read from
+    xminigrid's data folder; metarl never downloads it."""
+    from xminigrid import benchmarks
+
+    names = benchmarks.registered_benchmarks()
+    if benchmark_name not in names:
+        raise ValueError(
+            f"env_id: {env_id}: XLand-MiniGrid environments take their goal and rules from a "
+            f"benchmark: name one as xminigrid/<XLand id>/<benchmark>, with <benchmark> one "
+            f"of {', '.join(names)}"
+        )
+    path = os.path.join(benchmarks.DATA_PATH, benchmarks.NAME2HFFILENAME[benchmark_name])
+    if not os.path.exists(path):
+        raise ValueError(
+            f"env_id: {env_id}: benchmark {benchmark_name} is not in {benchmarks.DATA_PATH}; "
+            "xminigrid downloads it from Hugging Face: run python -c \"import xminigrid; "
+            f"xminigrid.load_benchmark('{benchmark_name}')\" on a machine with internet "
+            "access (set XLAND_MINIGRID_DATA to choose the folder)"
+        )
+    return jax.tree.map(jnp.asarray, benchmarks.load_benchmark_from_path(path))
 
 
 @functools.cache

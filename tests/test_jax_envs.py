@@ -128,7 +128,9 @@ def test_specs_and_ids():
 
 @pytest.mark.parametrize("env_id, message", [
     ("xminigrid/MiniGrid-Nowhere", "xminigrid/MiniGrid-Empty-5x5"),
-    ("xminigrid/XLand-MiniGrid-R1-9x9", "benchmark ruleset"),
+    ("xminigrid/XLand-MiniGrid-R1-9x9", "trivial-21k, small-1m"),
+    ("xminigrid/XLand-MiniGrid-R1-9x9/no-such-benchmark", "trivial-21k, small-1m"),
+    ("xminigrid/MiniGrid-Empty-5x5/trivial-21k", "only XLand-MiniGrid"),
     ("craftax/Craftax-Classic-Pixels-v1", "pixel observations"),
 ])
 def test_unsupported_ids_say_what_is_allowed(env_id, message):
@@ -214,6 +216,48 @@ def test_ppo_beats_a_random_policy_on_minigrid_empty(xminigrid_rollout):
     metrics = jax.device_get(jax.jit(make_train(config))(jax.random.PRNGKey(0)))
     final = float(np.mean(metrics["episode_return"][-2:]))
     assert final > max(0.4, 5 * random_return), (final, random_return)
+
+
+def test_xland_episodes_draw_their_tasks_from_a_benchmark(tmp_path, monkeypatch):
+    """A two-task stand-in for xminigrid's trivial-21k file (which needs a download): hold
+    the red ball, or hold the blue square; each placed in the room at reset."""
+    from xminigrid import benchmarks
+    from xminigrid.core.constants import TILES_REGISTRY, Colors, Tiles
+    from xminigrid.core.goals import AgentHoldGoal
+    from xminigrid.core.rules import EmptyRule
+
+    env_id = "xminigrid/XLand-MiniGrid-R1-9x9/trivial-21k"
+    monkeypatch.setattr(benchmarks, "DATA_PATH", str(tmp_path))
+    with pytest.raises(ValueError, match="xminigrid.load_benchmark"):
+        make_env(env_id)
+    tiles = [np.asarray(TILES_REGISTRY[Tiles.BALL, Colors.RED]),
+             np.asarray(TILES_REGISTRY[Tiles.SQUARE, Colors.BLUE])]
+    benchmarks.save_bz2_pickle({
+        "goals": np.stack([np.asarray(AgentHoldGoal(tile=tile).encode()) for tile in tiles]),
+        "rules": np.stack([np.asarray(EmptyRule().encode())[None]] * 2),
+        "init_tiles": np.stack([tile[None] for tile in tiles]),
+        "num_rules": np.zeros(2, np.uint8),
+    }, str(tmp_path / benchmarks.NAME2HFFILENAME["trivial-21k"]))
+    assert env_id in xminigrid_ids()
+    vec_env = make_vec_env(env_id, 16)
+    # XLand's view is 5 x 5 cells
+    assert vec_env.spec.obs_shape == (5 * 5 * (13 + 12),)
+
+    @jax.jit
+    def reset_and_step(key):
+        obs, state = vec_env.reset(key)
+        out = vec_env.step(key, state, jnp.zeros(16, jnp.int32), GAMMA)
+        start = state.env_state.state
+        return start.goal_encoding, start.grid, out.obs, out.terminated
+
+    goals, grids, next_obs, terminated = jax.device_get(reset_and_step(jax.random.PRNGKey(0)))
+    assert np.isfinite(next_obs).all() and not terminated.any()
+    # each copy's task is one of the two, and both are drawn
+    held = goals[:, 1:3]
+    assert {tuple(tile) for tile in held} == {tuple(tile) for tile in tiles}
+    # the object to hold lies in the room
+    for tile, grid in zip(held, grids, strict=True):
+        assert (grid == tile).all(axis=-1).sum() == 1
 
 
 # --------------------------------------------------------------------------- craftax
