@@ -73,11 +73,14 @@ def _report(result, no_plots: bool) -> int:
 
 
 DEFAULT_TUNE_SEED = 20_011  # metarl.evolve.tuning.DEFAULT_TUNE_SEED (not imported: JAX)
+TUNE_STATISTICS = ("iqm", "mean")  # metarl.evolve.tuning.TUNE_STATISTICS, likewise
+DEFAULT_TUNE_BY = "iqm"  # metarl.evolve.tuning.DEFAULT_TUNE_BY, likewise
 EVOLVE_ONLY_OPTIONS = (  # (flag, keyword of evaluate_run, default on the command line)
     ("--env", "env_ids", []), ("--seeds", "seeds", 16), ("--baselines", "baselines", None),
     ("--which", "which", "mean"), ("--total-timesteps", "total_timesteps", None),
     ("--tune", "tune", False), ("--tune-seeds", "tune_seeds", 8),
     ("--tune-seed", "tune_seed", DEFAULT_TUNE_SEED), ("--tune-grid", "tune_grid", []),
+    ("--tune-by", "tune_by", DEFAULT_TUNE_BY),
     ("--across", "across", None), ("--distilled", "distilled", []))
 
 
@@ -329,6 +332,14 @@ def _add_reading_commands(commands) -> None:
                           help="replace a knob's grid for every objective that declares it, "
                                "e.g. --tune-grid vf_coef=0.01,0.1,1 or learning_rate=0.5,1,2 "
                                "(multiples of the run's learning rate); repeatable")
+    evaluate.add_argument("--tune-by", default=DEFAULT_TUNE_BY, choices=TUNE_STATISTICS,
+                          help="the statistic over the tuning seeds that chooses each "
+                               "setting: iqm (default), the interquartile mean, the mean of "
+                               "the middle half of the seeds, which the held-out verdicts "
+                               "use and which a few failed seeds of heavy-tailed returns "
+                               "(Acrobot) do not sway; or mean, the plain mean (how "
+                               "evaluations were tuned before this option; their records "
+                               "have no tune_by)")
     evaluate.add_argument("--across", default=None, metavar="KNOB=V1,V2,...",
                           help="also train every objective at each value of one traced "
                                "hyperparameter on the held-out seeds, e.g. --across "

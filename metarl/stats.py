@@ -112,6 +112,15 @@ def _metric(name: str):
     raise ValueError(f"aggregate: unknown {name!r}; allowed: {', '.join(AGGREGATES)}")
 
 
+def point_estimate(scores, metric: str = "iqm") -> float:
+    """The value of :func:`aggregate` without its interval: the interquartile mean
+    (``"iqm"``), ``"median"`` or ``"mean"`` of ``scores [S]`` or ``[S, T]`` over the runs
+    whose scores are all finite (NaN when there is none)."""
+    function = _metric(metric)
+    scores = _finite_runs(scores)
+    return float(function(scores)[0]) if scores.shape[0] else float("nan")
+
+
 def aggregate(scores, metric: str = "iqm", *, confidence: float = CONFIDENCE,
               resamples: int = RESAMPLES, seed: int = SEED) -> Estimate:
     """The interquartile mean (``"iqm"``), ``"median"`` or ``"mean"`` of ``scores [S]`` or

@@ -11,6 +11,8 @@ evaluation needs no evolution, and the learned value distance starts exactly at 
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -26,15 +28,20 @@ from metarl.config import ConfigError
 from metarl.evolve.config import config_from_dict
 from metarl.evolve.evaluate import DEFAULT_EVAL_SEED, evaluate_run
 from metarl.evolve.tuning import (
+    DEFAULT_TUNE_BY,
     DEFAULT_TUNE_SEED,
+    TUNE_STATISTICS,
+    choose,
     evolved_plan,
     fill_grid,
+    format_tuning,
     objective_plan,
     tune_objective,
     tuning_keys,
 )
 from metarl.kinds import evaluate
 from metarl.objectives import get_objective, make_objective
+from metarl.sweep import SweepResult
 
 # x1e-6 of the run's learning rate: agents that cannot learn, which tuning must not choose
 GRID = {"vf_coef": [0.1, 1.0], "learning_rate": [1e-6, 1.0]}
@@ -79,6 +86,11 @@ def test_the_record_keeps_grids_scores_choices_and_both_rows(tuned):
     # the spec names the tuning, so a tuned and an untuned evaluation are two records
     assert report["spec"]["tune"]["seeds"] == 2
     assert report["spec"]["tune"]["grids"]["CartPole-v1"]["l2"] == GRID
+    # chosen by the IQM unless asked otherwise, and the record says so
+    assert report["spec"]["tune"]["by"] == report["tuning"]["tune_by"] == "iqm"
+    assert l2["tune_by"] == "iqm" and "interquartile mean" in report["tuning"]["score"]
+    for setting in l2["settings"]:  # the IQM of 2 seeds trims none: their mean
+        assert setting["iqm"] == pytest.approx(np.mean(setting["returns"]))
 
 
 def test_a_learning_rate_at_which_agents_cannot_learn_is_not_chosen(tuned):
@@ -112,6 +124,8 @@ def test_left_out_baselines_are_named(tuned, run_dir, capsys):
     assert "reusing" in out and "l2 (tuned)" in out
     assert "not reported: ppo (left out by baselines=l2); huber (left out by" in out
     assert "learning_rate=0.005 (x1)" in out
+    assert "chosen settings, best interquartile mean over the tuning seeds" in out
+    assert "(IQM " in out and "(score " not in out
 
 
 def test_an_untuned_evaluation_is_another_record_with_the_same_default_rows(tuned, run_dir):
@@ -147,11 +161,98 @@ def test_tuning_seeds_are_apart_from_the_held_out_seeds(run_dir):
      "inner.learning_rate: must be positive"),
     ({"tune_grid": {"vf_coef": [0.1, 0.1]}}, "tune_grid vf_coef: give distinct values"),
     ({"tune_seeds": 1}, "tune_seeds: need at least 2"),
-    ({"tune": False}, "tune_seeds, tune_grid: only with tune=True"),
+    ({"tune_by": "median"},
+     r"tune_by: got 'median'; allowed: iqm \(interquartile mean\), mean"),
+    ({"tune": False, "tune_by": "mean"}, "tune_seeds, tune_grid, tune_by: only with tune=True"),
 ])
 def test_bad_tuning_options_are_named(run_dir, options, message):
     with pytest.raises(ConfigError, match=message):
         evaluate_run(run_dir, **{**OPTIONS, **options})
+
+
+def test_a_record_tuned_before_tune_by_counts_as_chosen_by_the_mean(tuned, run_dir, capsys):
+    report, _ = tuned
+    saved = json.loads(Path(report["path"]).read_text())
+    # the record as saved before tune_by existed: no field anywhere
+    del saved["spec"]["tune"]["by"], saved["tuning"]["tune_by"]
+    for records in saved["tuning"]["environments"].values():
+        for record in records.values():
+            del record["tune_by"]
+            for setting in record["settings"]:
+                del setting["iqm"]
+    old = Path(report["path"]).with_name("99.json")
+    old.write_text(json.dumps(saved))
+
+    again = evaluate_run(run_dir, **OPTIONS)  # by the IQM: not the old record, the latest
+    assert again["reused"] and again["id"] == report["id"]
+    by_mean = evaluate_run(run_dir, **OPTIONS, tune_by="mean")
+    assert by_mean["reused"] and by_mean["id"] == 99
+    assert "tune_by" not in by_mean["tuning"]  # read as it was saved, not re-labelled
+    text = format_tuning(by_mean)
+    assert "best mean over the tuning seeds" in text and "(IQM " not in text
+    best = by_mean["tuning"]["environments"]["CartPole-v1"]["l2"]
+    assert f"(mean {best['settings'][best['chosen_index']]['mean']:.2f};" in text
+
+    flags = ["--seeds", "2", "--baselines", "l2", "--tune", "--tune-seeds", "2",
+             "--tune-grid", "vf_coef=0.1,1", "--tune-grid", "learning_rate=1e-6,1"]
+    assert main(["evaluate", str(run_dir), *flags, "--tune-by", "mean"]) == 0
+    assert f"reusing {old}" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["evaluate", str(run_dir), *flags, "--tune-by", "median"])
+    assert re.search(r"--tune-by: invalid choice: '?median'? \(choose from '?iqm'?, '?mean'?\)",
+                     capsys.readouterr().err)
+
+
+def result(returns, invalid=0):
+    """A setting's result as :func:`metarl.sweep.summarise_sweep` gives it."""
+    returns = np.asarray(returns, np.float64)
+    finite = returns[np.isfinite(returns)]
+    mean = float(finite.mean()) if finite.size else np.nan
+    return SweepResult(setting={}, returns=returns.tolist(), mean=mean,
+                       ci_low=np.nan, ci_high=np.nan, invalid=invalid, curves=[])
+
+
+def test_the_iqm_and_the_mean_choose_differently_under_heavy_tails():
+    # Acrobot-like: mostly -100, two seeds failed at -500, against a steady -150
+    heavy = result([-100] * 6 + [-500] * 2)  # mean -200, IQM -100
+    steady = result([-150] * 8)
+    assert choose([steady, heavy], "iqm") == 1
+    assert choose([steady, heavy], "mean") == 0
+    assert choose([steady, heavy]) == 1  # the default is the IQM
+    assert DEFAULT_TUNE_BY == "iqm"
+    from metarl import cli
+
+    assert (cli.DEFAULT_TUNE_BY, cli.TUNE_STATISTICS) == (DEFAULT_TUNE_BY,
+                                                         tuple(TUNE_STATISTICS))
+    with pytest.raises(ValueError, match="unknown statistic 'median'"):
+        choose([steady, heavy], "median")
+
+
+@pytest.mark.parametrize("statistic", ["iqm", "mean"])
+def test_invalid_settings_rank_last_and_ties_go_to_the_first(statistic):
+    diverged = result([1000.0] * 7 + [np.nan], invalid=1)  # the best scores, one NaN seed
+    poor, good = result([-10.0] * 8), result([5.0] * 8)
+    assert choose([diverged, poor], statistic) == 1
+    assert choose([diverged, result([np.nan] * 8, invalid=8), poor], statistic) == 2
+    assert choose([poor, good, result([5.0] * 8)], statistic) == 1
+    assert choose([result([np.nan] * 8, invalid=8), diverged], statistic) == 1
+
+
+def test_the_summary_names_the_statistic_that_chose():
+    setting = {"setting": {"vf_coef": 0.1}, "mean": -200.0, "iqm": -100.0,
+               "returns": [-100.0] * 6 + [-500.0] * 2}
+    record = {"budget": {"settings": 1, "seeds": 8}, "chosen_index": 0, "relative_to": {},
+              "chosen": {"vf_coef": 0.1}, "skipped": {}, "settings": [setting]}
+    report = {"tuning": {"seeds": 8, "tune_seed": 1, "tune_by": "iqm",
+                         "environments": {"Acrobot-v1": {"l2": record}}}}
+    assert "best interquartile mean" in format_tuning(report)
+    assert "(IQM -100.00; 1 settings x 8 seeds)" in format_tuning(report)
+    del report["tuning"]["tune_by"]  # an older record: chosen by the mean
+    assert "best mean" in format_tuning(report)
+    assert "(mean -200.00; 1 settings x 8 seeds)" in format_tuning(report)
+    report["tuning"]["tune_by"] = "iqm"
+    del setting["iqm"]  # computed from the returns where the record lacks it
+    assert "(IQM -100.00;" in format_tuning(report)
 
 
 @pytest.mark.parametrize(("options", "flags", "message"), [

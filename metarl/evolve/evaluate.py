@@ -29,7 +29,7 @@ from metarl.evolve.config import ExperimentConfig, FitnessConfig, config_from_di
 from metarl.evolve.distill import distilled_objective
 from metarl.evolve.fitness import run_is_valid, run_return
 from metarl.evolve.generation import build_learner
-from metarl.evolve.tuning import DEFAULT_TUNE_SEED, DEFAULT_TUNE_SEEDS
+from metarl.evolve.tuning import DEFAULT_TUNE_BY, DEFAULT_TUNE_SEED, DEFAULT_TUNE_SEEDS
 from metarl.objectives import available_objectives, get_objective, make_objective
 from metarl.programs import shared_program
 from metarl.runs.engine import read_config
@@ -209,24 +209,27 @@ def evaluate_run(run_dir: str | Path, env_ids: list[str] | None = None, seeds: i
                  tune_seeds: int = DEFAULT_TUNE_SEEDS, tune_seed: int = DEFAULT_TUNE_SEED,
                  tune_grid: Mapping[str, Sequence[float]] | None = None,
                  across: Mapping[str, Sequence[float]] | None = None,
-                 distilled: Sequence[int] = (), *,
+                 distilled: Sequence[int] = (), tune_by: str = DEFAULT_TUNE_BY, *,
                  baseline_cache: dict[str, Any] | None = None) -> dict[str, Any]:
     """Evaluate a run's evolved objective against baselines; saves ``evaluations/<n>.json``.
 
     Evaluations accumulate (:mod:`metarl.runs.evaluations`): each is saved under the next
     number with its ``spec`` (environments, seeds, evaluation seed, budget per environment,
     which meta-parameters and a digest of them, baselines, fitness settings, and with
-    ``tune`` the tuning seeds and grids). When an evaluation with the same spec exists, it is
-    returned instead of computed again (``report["reused"]``), unless ``rerun``, which
-    computes it and replaces that record (``report["replaced"]``). ``report["path"]`` is the
-    record's file. A declared baseline left out (by ``baselines``, or because it does not
-    fit the algorithm) is named with the reason in ``report["not_reported"]``.
+    ``tune`` the tuning seeds, grids and statistic). When an evaluation with the same spec
+    exists, it is returned instead of computed again (``report["reused"]``), unless
+    ``rerun``, which computes it and replaces that record (``report["replaced"]``); a tuned
+    record saved before ``tune_by`` existed counts as chosen by the mean
+    (:func:`spec_with_tune_by`). ``report["path"]`` is the record's file. A declared
+    baseline left out (by ``baselines``, or because it does not fit the algorithm) is named
+    with the reason in ``report["not_reported"]``.
 
     With ``tune`` (:mod:`metarl.evolve.tuning`), every objective is first searched over its
     grid on ``tune_seeds`` tuning seeds (one program per objective and environment), and is
-    then also trained on the held-out seeds at its chosen setting: rows
-    ``"<objective> (tuned)"`` after the rows at the default setting, and
-    ``report["tuning"]`` keeps every grid, every setting's tuning score and the choices.
+    then also trained on the held-out seeds at the setting with the best ``tune_by``
+    statistic there: rows ``"<objective> (tuned)"`` after the rows at the default setting,
+    and ``report["tuning"]`` keeps ``tune_by``, every grid, every setting's tuning scores
+    and the choices.
 
     With ``across`` (one traced hyperparameter -> values, e.g. ``{"learning_rate":
     [1e-4, 3e-4, 1e-3]}``), every objective is also trained at each value on the same
@@ -265,6 +268,10 @@ def evaluate_run(run_dir: str | Path, env_ids: list[str] | None = None, seeds: i
             baselines, and judged against the network it came from (the evolved row) as a
             baseline is. Formulas are evaluated at the run's setting only: they are not
             tuned, nor trained across a knob.
+        tune_by: the statistic over the tuning seeds a tuned setting is chosen by:
+            ``"iqm"`` (the interquartile mean, the default: what the held-out verdicts
+            use, and robust to the few failed seeds of heavy-tailed returns such as
+            Acrobot's) or ``"mean"`` (what chose before this option existed).
         baseline_cache: a dict shared by evaluations of several runs of one experiment
             (the seeds of replicated evolution, :mod:`metarl.evolve.replicated`): what the
             baselines trained (held-out rows, tuning, points across a knob) is kept there
@@ -320,9 +327,9 @@ def evaluate_run(run_dir: str | Path, env_ids: list[str] | None = None, seeds: i
                     "final_fraction": config.fitness.final_fraction},
     }
     plans = _tuning_plans(tune, tune_seeds, tune_seed, tune_grid, eval_seed, config,
-                          baselines, inners)
+                          baselines, inners, tune_by)
     if tune:
-        spec["tune"] = {"seeds": tune_seeds, "tune_seed": tune_seed,
+        spec["tune"] = {"seeds": tune_seeds, "tune_seed": tune_seed, "by": tune_by,
                         "grids": {env_id: {name: plan.grid for name, plan in env.items()}
                                   for env_id, env in plans.items()}}
     axis = check_across(across, inners, objective)
@@ -351,10 +358,11 @@ def evaluate_run(run_dir: str | Path, env_ids: list[str] | None = None, seeds: i
                     def tune_it(plan=plan, row=row, inner=inner):
                         return _tune_and_evaluate(plan, row, objective, meta_params, inner,
                                                   config, seeds, eval_seed, tune_seeds,
-                                                  tune_seed)
+                                                  tune_seed, tune_by)
                     record, tuned_row = (tune_it() if plan.objective == EVOLVED else _reused(
                         baseline_cache, ("tuned", dataclasses.asdict(plan), inner, config,
-                                         seeds, eval_seed, tune_seeds, tune_seed), tune_it))
+                                         seeds, eval_seed, tune_seeds, tune_seed, tune_by),
+                        tune_it))
                     records[inner.env_id][plan.objective] = record
                     tuned.append(tuned_row)
         results += tuned
@@ -391,7 +399,8 @@ def evaluate_run(run_dir: str | Path, env_ids: list[str] | None = None, seeds: i
             "seeds": seeds,
             "eval_seed": eval_seed,
             "not_reported": not_reported,
-            **({"tuning": {"seeds": tune_seeds, "tune_seed": tune_seed, "score": tuning.SCORE,
+            **({"tuning": {"seeds": tune_seeds, "tune_seed": tune_seed, "tune_by": tune_by,
+                           "score": tuning.SCORES[tune_by],
                            "budget_rule": tuning.BUDGET_RULE, "environments": records}}
                if tune else {}),
             **({"across": section} if section is not None else {}),
@@ -399,10 +408,20 @@ def evaluate_run(run_dir: str | Path, env_ids: list[str] | None = None, seeds: i
             "statistics": environment_statistics([r.__dict__ for r in results]),
         }
 
-    report = saved_evaluation(run_dir, spec, compute, rerun)
+    report = saved_evaluation(run_dir, spec, compute, rerun, normalise=spec_with_tune_by)
     if report.get("across"):
         report["across_figure"] = str(save_across_figure(run_dir, report, config.name))
     return report
+
+
+def spec_with_tune_by(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """A saved evaluation's ``spec`` as :func:`evaluate_run` writes it now: a tuned spec
+    saved before ``tune_by`` existed gets ``tune.by`` ``"mean"`` (what chose then), so it
+    is reused for a request tuned by the mean and never for one tuned by the IQM."""
+    spec = dict(spec)
+    if isinstance(spec.get("tune"), Mapping) and "by" not in spec["tune"]:
+        spec["tune"] = {**spec["tune"], "by": tuning.UNRECORDED_TUNE_BY}
+    return spec
 
 
 def evaluate_runs(run_dirs: Sequence[str | Path], **options) -> list[dict[str, Any]]:
@@ -546,18 +565,19 @@ def _not_reported(objective_name: str, baselines: list[str], inner) -> dict[str,
 
 
 def _tuning_plans(tune, tune_seeds, tune_seed, tune_grid, eval_seed, config, baselines,
-                  inners) -> dict[str, dict[str, tuning.TuningPlan]]:
+                  inners, tune_by=DEFAULT_TUNE_BY) -> dict[str, dict[str, tuning.TuningPlan]]:
     """``env_id -> {objective: plan}`` (the evolved objective first), checked before
     anything trains; ``{}`` without ``tune``."""
     if not tune:
         given = [name for name, value, default in (
             ("tune_seeds", tune_seeds, tuning.DEFAULT_TUNE_SEEDS),
-            ("tune_seed", tune_seed, tuning.DEFAULT_TUNE_SEED), ("tune_grid", tune_grid, None))
+            ("tune_seed", tune_seed, tuning.DEFAULT_TUNE_SEED), ("tune_grid", tune_grid, None),
+            ("tune_by", tune_by, tuning.DEFAULT_TUNE_BY))
             if value != default and not (name == "tune_grid" and not value)]
         if given:
             raise ConfigError(f"{', '.join(given)}: only with tune=True (--tune)")
         return {}
-    tuning.check_tune_options(tune_seeds, tune_seed, eval_seed, config.run.seed)
+    tuning.check_tune_options(tune_seeds, tune_seed, eval_seed, config.run.seed, tune_by)
     overrides = tuning.check_overrides(tune_grid, baselines)
     plans = {}
     for inner in inners:
@@ -575,7 +595,7 @@ def _mesh(config):
 
 
 def _tune_and_evaluate(plan, default_row, objective, meta_params, inner, config, seeds,
-                       eval_seed, tune_seeds, tune_seed):
+                       eval_seed, tune_seeds, tune_seed, tune_by):
     """Tune one objective on one environment, then train it on the held-out seeds at its
     chosen setting: ``(tuning record, "<objective> (tuned)" row)``. A choice equal to the
     default setting reuses ``default_row`` (the same keys and settings)."""
@@ -584,7 +604,8 @@ def _tune_and_evaluate(plan, default_row, objective, meta_params, inner, config,
         objective, meta_params = make_objective(plan.objective), None
     mesh = _mesh(config)
     record = tuning.tune_objective(plan, objective, inner, config.fitness, tune_seeds,
-                                   tune_seed, meta_params, config.run.chunk_size, mesh)
+                                   tune_seed, meta_params, config.run.chunk_size, mesh,
+                                   tune_by)
     learner = build_learner(inner, objective)
     hypers, options, is_default = tuning.chosen_values(plan, record, learner, plan.objective)
     name = f"{plan.objective} (tuned)"

@@ -20,10 +20,16 @@ and is then trained on the held-out seeds at the setting that scored best.
   reached. With the shipped declarations every baseline grid has 12 settings, and the
   evolved objective gets 12 learning rates, so each objective is chosen from the same
   number of settings × tuning seeds.
-- **Choosing.** The chosen setting has the best mean score (the run's fitness metric) over
-  the tuning seeds; a setting with any invalid (NaN) seed ranks after every setting without
-  one, and ties go to the first in grid order. Every setting trains on the same tuning seeds
-  (common random numbers).
+- **Choosing.** The chosen setting has the best score (the run's fitness metric) over the
+  tuning seeds by the statistic ``tune_by`` (:data:`TUNE_STATISTICS`): the interquartile
+  mean (``"iqm"``, the default: the statistic the held-out verdicts use) or the mean
+  (``"mean"``). Under heavy-tailed returns the two disagree: on Acrobot-v1, where a few
+  seeds fail near -500, the mean chose PPO's ``clip_eps`` 0.1, whose held-out IQM is below
+  the default 0.2's. The IQM comes from :func:`metarl.stats.point_estimate` over a
+  setting's finite returns. A setting with any invalid (NaN) seed ranks after every setting
+  without one, and ties go to the first in grid order. Every setting trains on the same
+  tuning seeds (common random numbers). A record saved before ``tune_by`` existed has no
+  such field and was chosen by the mean (:data:`UNRECORDED_TUNE_BY`).
 - **Seeds.** Tuning keys are ``split(PRNGKey(tune_seed), tune_seeds)``
   (:data:`DEFAULT_TUNE_SEED` 20 011) and held-out keys ``split(PRNGKey(eval_seed), seeds)``
   (10 007); evolution draws from ``PRNGKey(run.seed)`` and measures its fitness baselines
@@ -50,17 +56,25 @@ from metarl.config import ConfigError
 from metarl.evolve.generation import build_learner
 from metarl.objectives import get_objective, make_objective
 from metarl.objectives.registry import LEARNING_RATE
+from metarl.stats import point_estimate
 from metarl.sweep import GridAxis, check_grid, summarise_sweep, sweep_population, train_sweep
 
-__all__ = ["DEFAULT_TUNE_SEED", "DEFAULT_TUNE_SEEDS", "Knob", "TuningPlan", "check_overrides",
+__all__ = ["DEFAULT_TUNE_BY", "DEFAULT_TUNE_SEED", "DEFAULT_TUNE_SEEDS", "Knob", "SCORES",
+           "TUNE_STATISTICS", "TuningPlan", "UNRECORDED_TUNE_BY", "check_overrides",
            "check_tune_options", "choose", "chosen_values", "evolved_plan", "fill_grid",
-           "default_losses_plan", "format_tuning", "objective_plan", "tune_objective",
-           "tuned_fitness_baselines", "tuning_keys"]
+           "default_losses_plan", "format_tuning", "objective_plan", "tune_by_of",
+           "tune_objective", "tuned_fitness_baselines", "tuning_keys"]
 
 DEFAULT_TUNE_SEED = 20_011
 DEFAULT_TUNE_SEEDS = 8
-SCORE = ("mean of the run's fitness metric over the tuning seeds; a setting with an invalid "
-         "seed ranks after every setting without one; ties go to the first in grid order")
+# statistic -> how a record and the printed summary name it
+TUNE_STATISTICS = {"iqm": "interquartile mean", "mean": "mean"}
+DEFAULT_TUNE_BY = "iqm"
+UNRECORDED_TUNE_BY = "mean"  # what chose in records saved before tune_by existed
+SCORES = {statistic: f"{name} of the run's fitness metric over the tuning seeds; a setting "
+                     "with an invalid seed ranks after every setting without one; ties go "
+                     "to the first in grid order"
+          for statistic, name in TUNE_STATISTICS.items()}
 BUDGET_RULE = ("each baseline searches its declared grid; the evolved objective searches "
                "the baselines' shared knobs (learning rate) with as many settings as the "
                "largest baseline grid, every objective on the same tuning seeds")
@@ -114,10 +128,15 @@ class TuningPlan:
         return {knob.name: list(knob.values) for knob in self.knobs}
 
 
-def check_tune_options(tune_seeds: Any, tune_seed: Any, eval_seed: int, run_seed: int
-                       ) -> None:
-    """Raise :class:`ConfigError` naming a bad count of tuning seeds or a tuning seed whose
-    keys would not be apart from the held-out or evolution keys."""
+def check_tune_options(tune_seeds: Any, tune_seed: Any, eval_seed: int, run_seed: int,
+                       tune_by: Any = DEFAULT_TUNE_BY) -> None:
+    """Raise :class:`ConfigError` naming a bad count of tuning seeds, a tuning seed whose
+    keys would not be apart from the held-out or evolution keys, or a statistic to choose
+    by that is not one of :data:`TUNE_STATISTICS`."""
+    if not isinstance(tune_by, str) or tune_by not in TUNE_STATISTICS:
+        raise ConfigError(f"tune_by: got {tune_by!r}; allowed: "
+                          + ", ".join(f"{key} ({name})" if key != name else key
+                                      for key, name in TUNE_STATISTICS.items()))
     if isinstance(tune_seeds, bool) or not isinstance(tune_seeds, int) or tune_seeds < 2:
         raise ConfigError(f"tune_seeds: need at least 2 to compare settings, got {tune_seeds!r}")
     if isinstance(tune_seed, bool) or not isinstance(tune_seed, int):
@@ -277,7 +296,8 @@ def fill_grid(anchors: Sequence[float], count: int) -> list[float]:
 
 
 def tune_objective(plan: TuningPlan, objective, inner, fitness, seeds: int, tune_seed: int,
-                   meta_params=None, chunk_size="auto", mesh=None) -> dict[str, Any]:
+                   meta_params=None, chunk_size="auto", mesh=None,
+                   tune_by: str = DEFAULT_TUNE_BY) -> dict[str, Any]:
     """Train every setting of ``plan`` × ``seeds`` tuning seeds as one program and choose.
 
     Args:
@@ -289,14 +309,20 @@ def tune_objective(plan: TuningPlan, objective, inner, fitness, seeds: int, tune
         meta_params: the objective's meta-parameters (``None``: its own initialisation).
         chunk_size, mesh: how the members are split (:func:`metarl.sharding.
             train_population`).
+        tune_by: the statistic the setting is chosen by, ``"iqm"`` or ``"mean"``
+            (:func:`choose`).
 
-    Returns the record: ``grid``, ``relative_to``, ``skipped``, every setting's score
-    (``settings``: absolute ``setting``, ``mean``, ``ci_low``, ``ci_high``, ``invalid``,
-    ``returns``), the ``chosen`` setting (absolute values) and its index, the ``budget``
-    (settings, seeds, runs) and the seconds of compilation and training. With nothing to
-    search nothing trains and ``chosen`` is ``{}`` (the default setting).
+    Returns the record: ``tune_by``, ``grid``, ``relative_to``, ``skipped``, every
+    setting's scores (``settings``: absolute ``setting``, ``mean``, ``ci_low``,
+    ``ci_high``, ``iqm``, ``invalid``, ``returns [seeds]``), the ``chosen`` setting
+    (absolute values) and its index, the ``budget`` (settings, seeds, runs) and the seconds
+    of compilation and training. With nothing to search nothing trains and ``chosen`` is
+    ``{}`` (the default setting).
     """
-    record = {"grid": plan.grid, "relative_to": plan.relative_to, "skipped": plan.skipped,
+    if tune_by not in TUNE_STATISTICS:
+        raise ValueError(f"tune_by: got {tune_by!r}; allowed: {', '.join(TUNE_STATISTICS)}")
+    record = {"tune_by": tune_by, "grid": plan.grid, "relative_to": plan.relative_to,
+              "skipped": plan.skipped,
               "budget": {"settings": plan.settings, "seeds": seeds,
                          "runs": plan.settings * seeds}}
     if not plan.knobs:
@@ -313,11 +339,12 @@ def tune_objective(plan: TuningPlan, objective, inner, fitness, seeds: int, tune
         meta_params = broadcast_to_population(meta_params, members)
     trained = train_sweep(learner, keys, hypers, fitness, meta_params, chunk_size, mesh)
     results = summarise_sweep(settings, seeds, trained)
-    index = choose(results)
+    index = choose(results, tune_by)
     return {
         **record,
-        "settings": [{key: value for key, value in dataclasses.asdict(result).items()
-                      if key != "curves"} for result in results],
+        "settings": [{**{key: value for key, value in dataclasses.asdict(result).items()
+                         if key != "curves"}, "iqm": _score(result, "iqm")}
+                     for result in results],
         "chosen": dict(settings[index]),
         "chosen_index": index,
         "compile_seconds": trained["compile_seconds"],
@@ -340,7 +367,9 @@ def tuned_fitness_baselines(config, seed: int, mesh=None
                             ) -> tuple[list[float], dict[str, dict[str, Any]]]:
     """The normalising baselines of ``[fitness] tune_baseline``: per ``[[inner]]`` entry
     the best mean return of the algorithm's own losses over :func:`default_losses_plan`'s
-    grid, on ``fitness.baseline_seeds`` seeds from ``PRNGKey(seed)``.
+    grid, on ``fitness.baseline_seeds`` seeds from ``PRNGKey(seed)``. Chosen by the mean
+    whatever an evaluation's ``tune_by``: the fitness divides by that mean, and runs made
+    before ``tune_by`` existed normalise the same way.
 
     Returns ``(returns [E], {env_id: tuning record})``. An algorithm with no knob to search
     is measured at its default setting (the record's ``settings`` hold that one)."""
@@ -354,7 +383,7 @@ def tuned_fitness_baselines(config, seed: int, mesh=None
             plan = dataclasses.replace(plan, knobs=(Knob(field, (1.0,), (default,), True),),
                                        relative_to={field: default})
         record = tune_objective(plan, objective, inner, config.fitness, seeds, seed,
-                                chunk_size=config.run.chunk_size, mesh=mesh)
+                                chunk_size=config.run.chunk_size, mesh=mesh, tune_by="mean")
         best = record["settings"][record["chosen_index"]]
         if not np.isfinite(best["mean"]) or best["invalid"] == seeds:
             raise RuntimeError(f"tuned baseline on {inner.env_id} produced no finite return")
@@ -379,15 +408,35 @@ def _option_meta_params(plan: TuningPlan, objective, meta_params, settings, seed
     return stack_hyperparams(members)
 
 
-def choose(results) -> int:
-    """Index of the best setting: no invalid seed first, then the highest mean, then the
-    first in grid order."""
+def _score(result, statistic: str) -> float:
+    """``result``'s score by ``statistic``: its ``mean`` (over valid seeds), or the IQM of
+    its finite ``returns``."""
+    if statistic == "mean":
+        return float(result.mean)
+    return point_estimate(np.asarray(result.returns, np.float64), statistic)
+
+
+def choose(results, statistic: str = DEFAULT_TUNE_BY) -> int:
+    """Index of the best setting of ``results`` (:class:`~metarl.sweep.SweepResult` s in
+    grid order, or anything with ``mean``, ``invalid`` and ``returns [S]``): no invalid
+    seed first, then the highest ``statistic`` (``"iqm"``: interquartile mean of the
+    returns; ``"mean"``: the ``mean``), then the first in grid order."""
+    if statistic not in TUNE_STATISTICS:
+        raise ValueError(f"choose: unknown statistic {statistic!r}; allowed: "
+                         f"{', '.join(TUNE_STATISTICS)}")
+
     def rank(index: int):
         result = results[index]
-        mean = result.mean if np.isfinite(result.mean) else -np.inf
-        return (result.invalid > 0, -mean, index)
+        score = _score(result, statistic)
+        return (result.invalid > 0, -score if np.isfinite(score) else np.inf, index)
 
     return min(range(len(results)), key=rank)
+
+
+def tune_by_of(record: Mapping[str, Any]) -> str:
+    """The statistic that chose in a tuning section or record: its ``tune_by``, or
+    :data:`UNRECORDED_TUNE_BY` (the mean) for one saved before that field existed."""
+    return record.get("tune_by", UNRECORDED_TUNE_BY)
 
 
 def chosen_values(plan: TuningPlan, record: dict[str, Any], learner, name: str
@@ -415,8 +464,10 @@ def format_tuning(report: dict[str, Any]) -> str:
     tuning = report.get("tuning")
     if not tuning:
         return ""
+    statistic = tune_by_of(tuning)
+    label = "IQM" if statistic == "iqm" else statistic
     lines = [f"tuned on {tuning['seeds']} tuning seeds (tune seed {tuning['tune_seed']}); "
-             "chosen settings, best mean over the tuning seeds:"]
+             f"chosen settings, best {TUNE_STATISTICS[statistic]} over the tuning seeds:"]
     for env_id, records in tuning["environments"].items():
         for name, record in records.items():
             budget = record["budget"]
@@ -424,11 +475,15 @@ def format_tuning(report: dict[str, Any]) -> str:
                 lines.append(f"  {env_id}  {name}: nothing to tune (default setting)")
             else:
                 best = record["settings"][record["chosen_index"]]
+                score = best["mean"] if statistic == "mean" else best.get("iqm")
+                if score is None:
+                    returns = [np.nan if r is None else r for r in best["returns"]]
+                    score = point_estimate(np.asarray(returns, np.float64), statistic)
                 chosen = "  ".join(
                     f"{knob}={value:.4g}" + (f" (x{value / record['relative_to'][knob]:.3g})"
                                              if knob in record["relative_to"] else "")
                     for knob, value in record["chosen"].items())
-                lines.append(f"  {env_id}  {name}: {chosen}  (score {best['mean']:.2f}; "
+                lines.append(f"  {env_id}  {name}: {chosen}  ({label} {score:.2f}; "
                              f"{budget['settings']} settings x {budget['seeds']} seeds)")
             for knob, reason in record["skipped"].items():
                 lines.append(f"      not tuned: {knob}: {reason}")

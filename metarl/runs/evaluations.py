@@ -68,11 +68,18 @@ def list_records(run_dir: str | Path) -> list[dict[str, Any]]:
     return records
 
 
-def find_same(run_dir: str | Path, spec: dict[str, Any]) -> dict[str, Any] | None:
-    """The latest saved evaluation whose spec equals ``spec``, if any."""
+def find_same(run_dir: str | Path, spec: dict[str, Any],
+              normalise: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+              ) -> dict[str, Any] | None:
+    """The latest saved evaluation whose spec equals ``spec``, if any. ``normalise`` maps a
+    saved spec to the form specs have now (an option added since, filled with what it
+    meant before) before comparing; the record itself is returned as saved."""
     wanted = json.dumps(spec, sort_keys=True)
     for record in reversed(list_records(run_dir)):
-        if json.dumps(record.get("spec"), sort_keys=True) == wanted:
+        saved = record.get("spec")
+        if normalise is not None and isinstance(saved, dict):
+            saved = normalise(saved)
+        if json.dumps(saved, sort_keys=True) == wanted:
             return record
     return None
 
@@ -110,16 +117,18 @@ def save_record(run_dir: str | Path, report: dict[str, Any],
 
 
 def saved_evaluation(run_dir: str | Path, spec: dict[str, Any],
-                     compute: Callable[[], dict[str, Any]], rerun: bool = False
+                     compute: Callable[[], dict[str, Any]], rerun: bool = False,
+                     normalise: Callable[[dict[str, Any]], dict[str, Any]] | None = None
                      ) -> dict[str, Any]:
     """An evaluation of a run, kept as ``evaluations/<n>.json``.
 
     ``spec`` says what was evaluated (kind, checkpoint or meta-parameters, seeds, method);
     an earlier record with the same ``spec`` is returned as it is (``reused``) unless
-    ``rerun``, when ``compute()`` makes the report again and replaces it. The report gets
-    ``run_dir``, ``created``, ``spec``, ``path``, ``id``, ``reused`` and ``replaced``.
+    ``rerun``, when ``compute()`` makes the report again and replaces it. Saved specs are
+    compared after ``normalise`` (:func:`find_same`). The report gets ``run_dir``,
+    ``created``, ``spec``, ``path``, ``id``, ``reused`` and ``replaced``.
     """
-    earlier = find_same(run_dir, spec)
+    earlier = find_same(run_dir, spec, normalise)
     if earlier is not None and not rerun:
         return {**earlier, "reused": True}
     computed = compute()
