@@ -1,15 +1,22 @@
 """What an environment is to the learners: its static facts, one step's result, and the
-pair of pure functions every environment of the adapter (:mod:`inner_loops.envs`) and every
-probe task (:mod:`inner_loops.probe_envs`) is made of."""
+pair of pure functions every environment of the adapter (:mod:`inner_loops.envs`), of the
+optional JAX packages (:mod:`inner_loops.jax_envs`) and every probe task
+(:mod:`inner_loops.probe_envs`) is made of; and the helpers those adapters share to read
+``env_params`` and to reset ended episodes."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import jax
+import jax.numpy as jnp
 
 PROBE_PREFIX = "probe/"  # ids of the probe tasks of inner_loops.probe_envs
+
+# (name, value) pairs sorted by name: the hashable form of an ``env_params`` mapping
+EnvParamPairs = tuple[tuple[str, Any], ...]
 
 
 @dataclass(frozen=True)
@@ -62,3 +69,43 @@ class Env:
     spec: EnvSpec
     reset: Any
     step: Any
+
+
+def integer_param(name: str, value: Any, minimum: int | None = None) -> int:
+    """``value`` as an ``int`` (``2.0`` is fine, ``2.5`` and ``True`` are not)."""
+    if (isinstance(value, bool) or not float(value).is_integer()
+            or (minimum is not None and value < minimum)):
+        wanted = "a positive integer" if minimum == 1 else "an integer"
+        raise ValueError(f"env_params.{name}: expected {wanted}, got {value!r}")
+    return int(value)
+
+
+def with_overrides(env_id: str, params: Any, pairs: EnvParamPairs) -> Any:
+    """``params`` (an environment's struct dataclass: gymnax's, Craftax's) with the scalar fields
+    named in ``pairs`` replaced, each checked against the type of its default."""
+    scalars = {f.name: getattr(params, f.name) for f in dataclasses.fields(params)
+               if isinstance(getattr(params, f.name), bool | int | float)}
+    changes = {}
+    for name, value in pairs:
+        if name not in scalars:
+            raise ValueError(
+                f"env_params.{name}: {env_id} has no such scalar parameter; allowed: "
+                f"{', '.join(scalars)}"
+            )
+        default = scalars[name]
+        if isinstance(default, bool):
+            if not isinstance(value, bool):
+                raise ValueError(f"env_params.{name}: expected true or false, got {value!r}")
+        elif isinstance(default, int):
+            value = integer_param(name, value)
+        elif isinstance(value, bool):
+            raise ValueError(f"env_params.{name}: expected a number, got {value!r}")
+        else:
+            value = float(value)
+        changes[name] = value
+    return params.replace(**changes)
+
+
+def select_reset(done: jax.Array, fresh: Any, continued: Any) -> Any:
+    """``fresh`` where the episode ended (``done``, a scalar), else ``continued``."""
+    return jax.tree.map(lambda a, b: jnp.where(done, a, b), fresh, continued)

@@ -32,7 +32,6 @@ Brax environments take ``"episode_length"`` (default :data:`BRAX_EPISODE_LENGTH`
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import warnings
 from collections.abc import Iterable, Mapping
@@ -44,7 +43,16 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from inner_loops.env_spec import PROBE_PREFIX, Env, EnvSpec, EnvStep
+from inner_loops.env_spec import (
+    PROBE_PREFIX,
+    Env,
+    EnvParamPairs,
+    EnvSpec,
+    EnvStep,
+    integer_param,
+    select_reset,
+    with_overrides,
+)
 from inner_loops.validation import check_finite
 
 BRAX_PREFIX = "brax/"
@@ -82,10 +90,6 @@ def _brax_names() -> list[str]:
         from brax import envs as brax_envs
 
     return sorted(brax_envs._envs)
-
-
-# (name, value) pairs sorted by name: the hashable form of an ``env_params`` mapping
-EnvParamPairs = tuple[tuple[str, Any], ...]
 
 
 def env_param_pairs(env_params: Mapping[str, Any] | Iterable[tuple[str, Any]] | None,
@@ -136,40 +140,6 @@ def make_env(env_id: str, env_params: Mapping[str, Any] | Iterable[tuple[str, An
     return _cached_gymnax_env(env_id, pairs)
 
 
-def _integer_param(name: str, value: Any, minimum: int | None = None) -> int:
-    """``value`` as an ``int`` (``2.0`` is fine, ``2.5`` and ``True`` are not)."""
-    if (isinstance(value, bool) or not float(value).is_integer()
-            or (minimum is not None and value < minimum)):
-        wanted = "a positive integer" if minimum == 1 else "an integer"
-        raise ValueError(f"env_params.{name}: expected {wanted}, got {value!r}")
-    return int(value)
-
-
-def _with_overrides(env_id: str, params: Any, pairs: EnvParamPairs) -> Any:
-    """gymnax ``params`` with the scalar fields named in ``pairs`` replaced."""
-    scalars = {f.name: getattr(params, f.name) for f in dataclasses.fields(params)
-               if isinstance(getattr(params, f.name), bool | int | float)}
-    changes = {}
-    for name, value in pairs:
-        if name not in scalars:
-            raise ValueError(
-                f"env_params.{name}: {env_id} has no such scalar parameter; allowed: "
-                f"{', '.join(scalars)}"
-            )
-        default = scalars[name]
-        if isinstance(default, bool):
-            if not isinstance(value, bool):
-                raise ValueError(f"env_params.{name}: expected true or false, got {value!r}")
-        elif isinstance(default, int):
-            value = _integer_param(name, value)
-        elif isinstance(value, bool):
-            raise ValueError(f"env_params.{name}: expected a number, got {value!r}")
-        else:
-            value = float(value)
-        changes[name] = value
-    return params.replace(**changes)
-
-
 @functools.cache
 def _cached_gymnax_env(env_id: str, env_params: EnvParamPairs = ()) -> Env:
     import gymnax
@@ -182,7 +152,7 @@ def _cached_gymnax_env(env_id: str, env_params: EnvParamPairs = ()) -> Env:
             f"{', '.join(available_envs())}"
         )
     env, params = gymnax.make(env_id)
-    params = _with_overrides(env_id, params, env_params)
+    params = with_overrides(env_id, params, env_params)
     action_space = env.action_space(params)
     obs_shape = tuple(env.observation_space(params).shape)
     time_limit = getattr(params, "max_steps_in_episode", None)
@@ -232,16 +202,11 @@ def _cached_gymnax_env(env_id: str, env_params: EnvParamPairs = ()) -> Env:
         truncated = jnp.logical_and(env.is_truncated(next_state, params),
                                     jnp.logical_not(terminated))
         final_obs = final_obs.astype(jnp.float32)
-        obs, state = _select_reset(jnp.logical_or(terminated, truncated), fresh,
+        obs, state = select_reset(jnp.logical_or(terminated, truncated), fresh,
                                    (final_obs, next_state))
         return EnvStep(obs, state, reward.astype(jnp.float32), terminated, truncated, final_obs)
 
     return Env(spec, reset, step)
-
-
-def _select_reset(done: jax.Array, fresh: Any, continued: Any) -> Any:
-    """``fresh`` where the episode ended (``done``, a scalar), else ``continued``."""
-    return jax.tree.map(lambda a, b: jnp.where(done, a, b), fresh, continued)
 
 
 class BraxState(NamedTuple):
@@ -261,7 +226,7 @@ def _cached_brax_env(env_id: str, env_params: EnvParamPairs = ()) -> Env:
         if param != "episode_length":
             raise ValueError(f"env_params.{param}: {env_id} has no such parameter; "
                              "allowed: episode_length")
-        episode_length = _integer_param(param, value, minimum=1)
+        episode_length = integer_param(param, value, minimum=1)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         from brax import envs as brax_envs
@@ -283,7 +248,7 @@ def _cached_brax_env(env_id: str, env_params: EnvParamPairs = ()) -> Env:
         terminated = next_state.done > 0.5
         truncated = jnp.logical_and(steps >= episode_length, jnp.logical_not(terminated))
         done = jnp.logical_or(terminated, truncated)
-        obs, state = _select_reset(done, fresh,
+        obs, state = select_reset(done, fresh,
                                    (next_state.obs, BraxState(next_state, steps)))
         return EnvStep(obs, state, next_state.reward, terminated, truncated, next_state.obs)
 

@@ -31,8 +31,15 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from inner_loops.env_spec import Env, EnvSpec, EnvStep
-from inner_loops.envs import EnvParamPairs, _integer_param, _select_reset, _with_overrides
+from inner_loops.env_spec import (
+    Env,
+    EnvParamPairs,
+    EnvSpec,
+    EnvStep,
+    integer_param,
+    select_reset,
+    with_overrides,
+)
 
 XMINIGRID_PREFIX = "xminigrid/"
 CRAFTAX_PREFIX = "craftax/"
@@ -105,7 +112,7 @@ def make_xminigrid_env(env_id: str, env_params: EnvParamPairs = ()) -> Env:
         if param not in XMINIGRID_PARAMS:
             raise ValueError(f"env_params.{param}: {env_id} has no such parameter; allowed: "
                              f"{', '.join(XMINIGRID_PARAMS)}")
-        overrides[param] = _integer_param(param, value, minimum=1)
+        overrides[param] = integer_param(param, value, minimum=1)
     env, params = xminigrid.make(name, **overrides)
     view = int(params.view_size)
     spec = EnvSpec(env_id, (view * view * (NUM_TILES + NUM_COLORS),), True,
@@ -139,7 +146,7 @@ def make_xminigrid_env(env_id: str, env_params: EnvParamPairs = ()) -> Env:
         terminated = jnp.logical_and(ended, timestep.discount == 0.0)
         truncated = jnp.logical_and(ended, jnp.logical_not(terminated))
         final_obs = observe(timestep.observation)
-        obs, state = _select_reset(ended, fresh, (final_obs, timestep))
+        obs, state = select_reset(ended, fresh, (final_obs, timestep))
         return EnvStep(obs, state, timestep.reward.astype(jnp.float32), terminated, truncated,
                        final_obs)
 
@@ -184,7 +191,7 @@ def make_craftax_env(env_id: str, env_params: EnvParamPairs = ()) -> Env:
     from craftax.craftax_env import make_craftax_env_from_name
 
     env = make_craftax_env_from_name(name, auto_reset=False)
-    params = _with_overrides(env_id, env.default_params, env_params)
+    params = with_overrides(env_id, env.default_params, env_params)
     # is_terminal counts reaching max_timesteps as game over; without the limit it is death.
     no_limit = params.replace(max_timesteps=_NO_TIME_LIMIT)
     spec = EnvSpec(env_id, tuple(env.observation_space(params).shape), True,
@@ -203,7 +210,7 @@ def make_craftax_env(env_id: str, env_params: EnvParamPairs = ()) -> Env:
         terminated = jnp.asarray(env.is_terminal(next_state, no_limit), jnp.bool_)
         truncated = jnp.logical_and(done, jnp.logical_not(terminated))
         final_obs = final_obs.astype(jnp.float32)
-        obs, state = _select_reset(done, fresh, (final_obs, next_state))
+        obs, state = select_reset(done, fresh, (final_obs, next_state))
         return EnvStep(obs, state, jnp.asarray(reward, jnp.float32), terminated, truncated,
                        final_obs)
 
