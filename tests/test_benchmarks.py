@@ -185,3 +185,28 @@ def test_compile_time_benchmark_refuses_levels_xla_does_not_have():
     out = subprocess.run([sys.executable, str(BENCHMARKS / "compile_time.py"), "--levels",
                           "3", "4"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "0 to 3" in out.stderr
+
+
+def test_gpu_experiment_slices_are_valid_and_their_budget_matches_the_recorded_runs():
+    gpu = _load_benchmark("gpu_experiments")
+    from metarl.kinds import load_experiment
+
+    for name, (file, overrides) in gpu.SLICES.items():
+        path = Path(gpu.EXPERIMENTS) / file
+        load_experiment(path, overrides)  # typed and validated, as `metarl run --set` does
+        load_experiment(path, overrides + gpu.SMOKE[name])
+    # the budget arithmetic equals the agent-steps the kinds' programs reported on the GPU
+    results = BENCHMARKS.parent / "docs" / "results"
+    recorded = {}
+    for record in ("gpu_experiments.json", "gpu_experiments_offpolicy.json"):
+        for name, row in json.loads((results / record).read_text())["slices"].items():
+            if "agent_steps_per_step" in row:
+                recorded[name] = row["agent_steps_per_step"]
+    assert {"lpo_minatar", "lpo_brax", "pbt_sac_halfcheetah_gpu"} <= set(recorded)
+    for name, steps in recorded.items():
+        assert steps["slice"] == steps["measured"], name
+        file, overrides = gpu.SLICES[name]
+        data = gpu.tomllib.loads((Path(gpu.EXPERIMENTS) / file).read_text())
+        if data.get("kind", "evolve") != "cem_rl":
+            assert gpu.budget(gpu._set(data, overrides))[1] == steps["slice"], name
+            assert gpu.budget(data)[1] == steps["full_file"], name
