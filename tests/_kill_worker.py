@@ -1,4 +1,5 @@
-"""Subprocess for the crash tests: run `metarl run`, optionally freezing inside a save.
+"""Subprocess for the crash tests: run `metarl run`, optionally freezing inside a save or a
+generation.
 
 Usage: ``python _kill_worker.py PAUSE_AT_STEP [run] metarl-run-args...``.
 
@@ -6,8 +7,16 @@ With ``PAUSE_AT_GENERATION > 0`` the orbax save of that generation stops after i
 written into orbax's temporary directory and before the checkpoint is committed, prints
 ``PAUSED_IN_SAVE`` and sleeps, so the test can SIGKILL the process in the middle of a save.
 With ``METARL_TEST_PAUSE_WITHIN`` set, only a save
-inside a directory of that name pauses (one seed of a joint run). Nothing in metarl itself is
-changed: only orbax's handler is wrapped, here.
+inside a directory of that name pauses (one seed of a joint run).
+
+With ``METARL_TEST_PAUSE_IN_GENERATION = N`` an evolution run stops inside generation ``N``
+instead: its jitted step (every rung of it, with ``es.rungs > 1``: the rungs are one
+program) has been dispatched and nothing of it is written yet (no line in
+``metrics.jsonl``, no meta-parameter files, no checkpoint ``N``); the worker prints
+``PAUSED_IN_GENERATION`` and sleeps, so the test can SIGKILL it there.
+
+Nothing in metarl itself is changed: only orbax's handler and the evolution program's
+``step`` are wrapped, here.
 """
 
 import os
@@ -34,6 +43,24 @@ def finalize_then_freeze(self, directory):
 
 if pause_at > 0:
     ocp.StandardCheckpointHandler.finalize = finalize_then_freeze
+
+pause_in_generation = int(os.environ.get("METARL_TEST_PAUSE_IN_GENERATION") or 0)
+if pause_in_generation > 0:
+    from metarl.evolve.kind import EvolveProgram
+
+    original_step = EvolveProgram.step
+
+    def step_then_freeze(self, state):
+        # the state before the step is ready (the engine waited for it): reading its
+        # generation does not wait for the step dispatched below
+        generation = self.completed(state) + 1
+        state, record = original_step(self, state)
+        if generation == pause_in_generation:
+            print("PAUSED_IN_GENERATION", flush=True)
+            time.sleep(600)
+        return state, record
+
+    EvolveProgram.step = step_then_freeze
 
 args = sys.argv[2:]
 sys.exit(main(args if args[:1] == ["run"] else ["run", *args]))

@@ -1,7 +1,7 @@
 """The optimiser slot and the learned optimisers (``learned_optimizer``, ``open_optimizer``):
-Adam at initialisation, exact PPO training, jit + vmap, resumption, errors, a short
-evolution on a planted problem, the figure of the learned update, and the evaluation tuned
-against Adam."""
+Adam at initialisation, exact PPO training, jit + vmap, resumption (of training, and of a
+run evolving one from its checkpoint), errors, a short evolution on a planted problem, the
+figure of the learned update, and the evaluation tuned against Adam."""
 
 from __future__ import annotations
 
@@ -17,13 +17,17 @@ from matplotlib.figure import Figure
 from inner_loops import ppo, registry
 from inner_loops.dqn import DQNConfig
 from inner_loops.objective import Objective
-from metarl.evolve.config import ESConfig
+from metarl.evolve.config import ESConfig, config_from_dict
 from metarl.evolve.evaluate import evaluate_run
+from metarl.evolve.kind import EvolveProgram
 from metarl.evolve.strategies import ask_search, build_strategy, init_search, tell_search
+from metarl.kinds import resume, start
 from metarl.objectives import get_objective, learned_optimizer, make_objective, open_optimizer
 from metarl.objectives.learned_optimizer import LearnedOptState, update_at
 from metarl.objectives.open_optimizer import dormancy, layer_positions
 from metarl.objectives.registry import RunFigureRequest
+from metarl.runs.layout import read_metrics
+from metarl.runs.meta_params import BEST_FILE, MEAN_FILE, load_meta_params
 
 OPTIMIZERS = ("learned_optimizer", "open_optimizer")
 # 8 updates of a 4 x 16 batch, two epochs of two minibatches: a second or two per compile
@@ -254,6 +258,69 @@ def test_short_evolution_on_a_planted_problem_improves_fitness():
         es_state, values = generation(es_state, jax.random.PRNGKey(10 + index), index)
     final = float(fitness(strategy.get_mean(es_state)))
     assert final > initial + 0.01 * abs(initial), (initial, final)
+
+
+# --------------------------------------------------------------------------------------
+# a run directory evolving a learned optimiser, stopped and resumed from its checkpoint
+
+# 4 candidates x 2 seeds of the tiny PPO above (8 updates) per generation
+EVOLVED_RUN = {
+    "name": "tiny_learned_optimizer_run",
+    "objective": {"name": "learned_optimizer", "options": {"hidden_sizes": [8]}},
+    "inner": {"env_id": "CartPole-v1", "num_envs": 4, "num_steps": 16,
+              "total_timesteps": 512, "update_epochs": 2, "num_minibatches": 2,
+              "hidden_sizes": [8], "learning_rate": 0.005},
+    "es": {"strategy": "Open_ES", "population_size": 4, "generations": 2, "sigma": 0.1,
+           "learning_rate": 0.03},
+    "fitness": {"seeds_per_candidate": 2},
+    "run": {"checkpoint_every": 1, "progress": False},
+}
+TIMINGS = ("seconds", "agent_steps_per_second", "time")  # fields a repeated run may change
+
+
+class StoppedInsideAGeneration(Exception):
+    """The run's process ends inside a generation (as a crash or Ctrl-C would)."""
+
+
+def test_a_run_evolving_a_learned_optimizer_resumes_exactly_from_its_checkpoint(
+        tmp_path, monkeypatch):
+    """Two generations straight, against a run stopped inside its second generation (the
+    jitted generation dispatched, nothing of it written) and resumed from checkpoint 1:
+    every line of ``metrics.jsonl`` but its timings, the best and mean meta-parameter files
+    and the final state (the strategy's, the key, the best candidate's learned optimiser)
+    are equal bit for bit. Both runs share one compiled generation (equal configs)."""
+    config = config_from_dict(EVOLVED_RUN)
+    whole = start(config, tmp_path / "whole")
+    step = EvolveProgram.step
+
+    def stop_inside_generation_2(self, state):
+        generation = self.completed(state) + 1
+        state, record = step(self, state)
+        if generation == 2:
+            raise StoppedInsideAGeneration
+        return state, record
+
+    monkeypatch.setattr(EvolveProgram, "step", stop_inside_generation_2)
+    with pytest.raises(StoppedInsideAGeneration):
+        start(config, tmp_path / "stopped")
+    monkeypatch.undo()
+    run_dir = tmp_path / "stopped"
+    assert [line["generation"] for line in read_metrics(run_dir)] == [1]
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["1"]
+    resumed = resume(run_dir)
+
+    def lines(directory):
+        return [{name: value for name, value in line.items() if name not in TIMINGS}
+                for line in read_metrics(directory)]
+
+    assert [line["generation"] for line in lines(run_dir)] == [1, 2]
+    assert lines(run_dir) == lines(whole.run_dir)
+    assert np.ptp(lines(run_dir)[1]["fitness"]) > 0  # the candidates differ
+    for name in (BEST_FILE, MEAN_FILE):
+        assert_trees_equal(load_meta_params(run_dir / name),
+                           load_meta_params(whole.run_dir / name))
+    assert set(resumed.state.best_meta_params) == {"policy", "value", "optimizer"}
+    assert_trees_equal(resumed.state, whole.state)
 
 
 # --------------------------------------------------------------------------------------

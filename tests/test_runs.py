@@ -1,8 +1,9 @@
-"""Run directories end to end: exact resume, SIGKILL during a generation and during a save,
-clear errors that overwrite nothing, and the CLI.
+"""Run directories end to end: exact resume, SIGKILL during a generation (also of a run in
+successive-halving rungs) and during a save, clear errors that overwrite nothing, and the CLI.
 
-Every run here uses one tiny config, so the generation step compiles once and later runs
-(including the subprocesses) reuse it from JAX's persistent compilation cache.
+Every run here uses one tiny config (one test also trains it in rungs, a second generation
+program), so the generation step compiles once and later runs (including the subprocesses)
+reuse it from JAX's persistent compilation cache.
 """
 
 import hashlib
@@ -23,10 +24,15 @@ from _tiny_evolution import GENERATIONS, KILL_WORKER
 
 import metarl.evolve.evaluate as evaluate_module
 from metarl.cli import main
-from metarl.kinds import load_experiment, resume, start
+from metarl.kinds import load_experiment, load_run, resume, start
 from metarl.runs.checkpoint import RunCheckpointer
 from metarl.runs.layout import CheckpointError, RunError, read_metrics
-from metarl.runs.meta_params import MEAN_FILE, load_meta_params
+from metarl.runs.meta_params import BEST_FILE, MEAN_FILE, load_meta_params
+
+# The tiny experiment trained in successive-halving rungs (metarl.evolve.rungs): of its 4
+# candidates all train updates 1-4 of 32, the best 2 updates 5-11 and the best one the rest.
+IN_RUNGS = ["es.rungs=3", "es.eta=3", "es.generations=3"]
+TIMINGS = ("seconds", "agent_steps_per_second", "time")  # fields a repeated run may change
 
 
 @pytest.fixture(scope="module")
@@ -37,20 +43,41 @@ def reference_run(tiny_config_file, tmp_path_factory):
     return run_dir
 
 
+@pytest.fixture(scope="module")
+def reference_run_in_rungs(tiny_config_file, tmp_path_factory):
+    """An uninterrupted run of the tiny experiment in rungs (``IN_RUNGS``)."""
+    run_dir = tmp_path_factory.mktemp("runs") / "reference_in_rungs"
+    start(load_experiment(tiny_config_file, IN_RUNGS), run_dir)
+    return run_dir
+
+
 def _fitness(run_dir):
     return [line["fitness"] for line in read_metrics(run_dir)]
 
 
-def _mean(run_dir):
-    return load_meta_params(run_dir / MEAN_FILE)
+def _lines(run_dir):
+    """``metrics.jsonl``'s lines without their timings."""
+    return [{name: value for name, value in line.items() if name not in TIMINGS}
+            for line in read_metrics(run_dir)]
 
 
-def _assert_same_run(run_dir, reference):
-    assert _fitness(run_dir) == _fitness(reference)
-    ours, theirs = _mean(run_dir), _mean(reference)
+def _assert_same_trees(ours, theirs):
     assert jax.tree.structure(ours) == jax.tree.structure(theirs)
     for mine, reference_leaf in zip(jax.tree.leaves(ours), jax.tree.leaves(theirs), strict=True):
-        np.testing.assert_array_equal(mine, reference_leaf)
+        np.testing.assert_array_equal(np.asarray(mine), np.asarray(reference_leaf))
+
+
+def _assert_same_run(run_dir, reference, state=None):
+    """Every line of ``metrics.jsonl`` (each candidate's fitness, the rungs it reached, the
+    statistics) but its timings, and the best and mean meta-parameter files, bit for bit;
+    given the ``state`` a run ended with, also that it is the state of the reference's
+    newest checkpoint (the strategy's state, key, best so far, ...)."""
+    assert _fitness(run_dir) == _fitness(reference)
+    assert _lines(run_dir) == _lines(reference)
+    for name in (BEST_FILE, MEAN_FILE):
+        _assert_same_trees(load_meta_params(run_dir / name), load_meta_params(reference / name))
+    if state is not None:
+        _assert_same_trees(state, load_run(reference).state)
 
 
 def _tree_digest(directory: Path) -> str:
@@ -89,13 +116,19 @@ def test_two_plus_two_resumed_equals_four_straight(tiny_config_file, reference_r
     _assert_same_run(run_dir, reference_run)
 
 
-def _start_worker(tiny_config_file, run_dir, pause_at=0):
+def _start_worker(tiny_config_file, run_dir, pause_at=0, pause_in_generation=0,
+                  overrides=()):
+    """``metarl run`` of the tiny experiment (with ``--set`` ``overrides``) in the kill
+    worker, which freezes inside the save of checkpoint ``pause_at`` or inside generation
+    ``pause_in_generation`` when asked (``tests/_kill_worker.py``)."""
     # The worker runs the CLI, which would expose one CPU device per core; it must use as
     # many devices as this process, which resumes its run, for the resume to be exact. Its
     # programs are then this process's, loaded from the persistent cache.
-    env = {**os.environ, **jax_cache_env(), "JAX_NUM_CPU_DEVICES": str(jax.device_count())}
+    env = {**os.environ, **jax_cache_env(), "JAX_NUM_CPU_DEVICES": str(jax.device_count()),
+           "METARL_TEST_PAUSE_IN_GENERATION": str(pause_in_generation)}
+    sets = [arg for override in overrides for arg in ("--set", override)]
     return subprocess.Popen(
-        [sys.executable, str(KILL_WORKER), str(pause_at), str(tiny_config_file),
+        [sys.executable, str(KILL_WORKER), str(pause_at), str(tiny_config_file), *sets,
          "--run-dir", str(run_dir), "--no-plots"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
     )
@@ -114,19 +147,32 @@ def _wait_for(predicate, process, timeout=240):
 
 
 @pytest.mark.timeout(400)
-def test_sigkill_during_a_generation_then_resume(tiny_config_file, reference_run, tmp_path):
+@pytest.mark.parametrize("rungs", [pytest.param(1, id="one_rung"),
+                                   pytest.param(3, id="three_rungs")])
+def test_sigkill_during_a_generation_then_resume(rungs, tiny_config_file, request, tmp_path):
+    """SIGKILL inside generation 3, then resume: the run equals the uninterrupted one bit
+    for bit. A run checkpoints after whole generations only; in rungs (``IN_RUNGS``) a
+    generation's rungs, and the selections between them, are one jitted program, so inside
+    the generation is the one place such a run can be stopped mid-way. The worker is killed
+    once that program has been dispatched and before anything of it is written: generation
+    3 is lost whole and trained again, its rungs included, from checkpoint 2."""
+    reference = request.getfixturevalue("reference_run_in_rungs" if rungs > 1
+                                        else "reference_run")
     run_dir = tmp_path / "killed"
-    process = _start_worker(tiny_config_file, run_dir)
-    checkpoints = run_dir / "checkpoints"
-    _wait_for(lambda: (checkpoints / "2" / "commit_success.txt").exists(), process)
+    process = _start_worker(tiny_config_file, run_dir, pause_in_generation=3,
+                            overrides=IN_RUNGS if rungs > 1 else ())
+    _wait_for(lambda: "PAUSED_IN_GENERATION" in process.stdout.readline(), process)
     process.send_signal(signal.SIGKILL)
     process.wait(timeout=30)
     assert process.returncode == -signal.SIGKILL
-    saved_before = {p.name for p in checkpoints.iterdir() if p.name.isdigit()}
-    assert "2" in saved_before
+    lines = read_metrics(run_dir)
+    assert [line["generation"] for line in lines] == [1, 2]
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["1", "2"]
+    if rungs > 1:  # each generation stopped 2 candidates after rung 0 and 1 after rung 1
+        assert [sorted(line["rung_reached"]) for line in lines] == [[0, 0, 1, 2]] * 2
     result = resume(run_dir)
-    assert int(result.state.generation) == GENERATIONS
-    _assert_same_run(run_dir, reference_run)
+    assert int(result.state.generation) == len(read_metrics(reference))
+    _assert_same_run(run_dir, reference, result.state)
 
 
 @pytest.fixture(scope="module")
