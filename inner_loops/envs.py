@@ -1,4 +1,4 @@
-"""The one adapter over gymnax, brax, XLand-MiniGrid and Craftax.
+"""The one adapter over gymnax, brax, XLand-MiniGrid, Craftax, NAVIX and Jumanji.
 
 Everything the PPO loop needs from an environment goes through :func:`make_env`, which
 returns an :class:`Env` with the same pure interface for both libraries:
@@ -21,8 +21,10 @@ Environment ids: any gymnax id (``CartPole-v1``, ``Breakout-MinAtar``, ...),
 ``brax/<name>`` for brax (``brax/ant``, ``brax/hopper``, ``brax/halfcheetah``, ...), or
 ``probe/<name>-<discrete|continuous>`` for the probe tasks of :mod:`inner_loops.probe_envs`,
 whose exact Q-values are known, and, with their optional packages installed,
-``xminigrid/<name>`` (``xminigrid/MiniGrid-Empty-5x5``, ...) and
-``craftax/Craftax-Classic-Symbolic-v1`` (see :mod:`inner_loops.jax_envs`).
+``xminigrid/<name>`` (``xminigrid/MiniGrid-Empty-5x5``, ...),
+``craftax/Craftax-Classic-Symbolic-v1``, ``navix/<name>`` (``navix/Navix-Empty-5x5-v0``, ...)
+and ``jumanji/Maze-v0``, ``jumanji/Snake-v1``, ``jumanji/SlidingTilePuzzle-v0`` (see
+:mod:`inner_loops.jax_envs`).
 
 Environment parameters: ``env_params`` overrides scalar fields of a gymnax environment's
 default ``EnvParams`` (``{"max_steps_in_episode": 200}``, CartPole's ``"gravity"`` ...), set
@@ -77,11 +79,11 @@ def available_envs() -> list[str]:
     """Every id :func:`make_env` accepts."""
     import gymnax
 
-    from inner_loops.jax_envs import craftax_ids, xminigrid_ids
+    from inner_loops.jax_envs import craftax_ids, jumanji_ids, navix_ids, xminigrid_ids
     from inner_loops.probe_envs import probe_ids
 
     return (list(gymnax.registered_envs) + [BRAX_PREFIX + name for name in _brax_names()]
-            + probe_ids() + xminigrid_ids() + craftax_ids())
+            + probe_ids() + xminigrid_ids() + craftax_ids() + navix_ids() + jumanji_ids())
 
 
 def _brax_names() -> list[str]:
@@ -137,6 +139,10 @@ def make_env(env_id: str, env_params: Mapping[str, Any] | Iterable[tuple[str, An
         return jax_envs.make_xminigrid_env(env_id, pairs)
     if env_id.startswith(jax_envs.CRAFTAX_PREFIX):
         return jax_envs.make_craftax_env(env_id, pairs)
+    if env_id.startswith(jax_envs.NAVIX_PREFIX):
+        return jax_envs.make_navix_env(env_id, pairs)
+    if env_id.startswith(jax_envs.JUMANJI_PREFIX):
+        return jax_envs.make_jumanji_env(env_id, pairs)
     return _cached_gymnax_env(env_id, pairs)
 
 

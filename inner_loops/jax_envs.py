@@ -1,6 +1,7 @@
-"""XLand-MiniGrid and Craftax as environments of the adapter (:mod:`inner_loops.envs`).
+"""XLand-MiniGrid, Craftax, NAVIX and Jumanji as environments of the adapter
+(:mod:`inner_loops.envs`).
 
-Both packages are optional extras, imported only when one of their ids is made:
+Each package is an optional extra, imported only when one of its ids is made:
 
 - ``xminigrid/<name>``: an XLand-MiniGrid environment ported from MiniGrid
   (``xminigrid/MiniGrid-Empty-5x5``, ``xminigrid/MiniGrid-DoorKey-8x8``, ...), from
@@ -16,8 +17,23 @@ Both packages are optional extras, imported only when one of their ids is made:
   a float32 vector ``[1345]``, from ``pip install "metarl[craftax]"``. ``env_params`` may set
   the scalar fields of its ``EnvParams`` (``max_timesteps``, ``day_length``, ...). Dying or
   walking into lava terminates an episode; reaching ``max_timesteps`` truncates it.
+- ``navix/<name>``: any environment of NAVIX's registry (``navix/Navix-Empty-5x5-v0``,
+  ``navix/Navix-DoorKey-8x8-v0``, ...), from ``pip install "metarl[navix]"``, with NAVIX's
+  fully observable symbolic observation, a ``[H, W, 3]`` grid of (entity, colour, state)
+  ids, as a float32 vector ``[H * W * (11 + 6 + 4)]``: each id one-hot. Its own
+  termination (goal, lava, a hit by an obstacle) terminates an episode; ``max_steps``
+  (``env_params``, default 100 as in ``navix.make``) truncates it.
+- ``jumanji/<name>`` for three single-agent Jumanji tasks with four discrete actions, from
+  ``pip install "metarl[jumanji]"``; each observation becomes a float32 vector:
+  ``Maze-v0`` ``[3 * 10 * 10]`` (walls, the agent's cell one-hot, the target's cell one-hot),
+  ``Snake-v1`` ``[12 * 12 * 5]`` (its feature maps) and ``SlidingTilePuzzle-v0``
+  ``[5 * 5 * 25]`` (each cell's tile one-hot). Jumanji ends episodes at its time limit as
+  terminations; here the task's own end (target reached, snake dead, puzzle solved)
+  terminates, and ``time_limit`` (``env_params``, default the task's: 100, 4000, 500)
+  truncates. Action masks are not given to the agent.
 
-Both work with jax < 0.10 (tested with jax 0.9.2, xminigrid 0.9.3 and craftax 1.6.1).
+All work with jax < 0.10 (tested with jax 0.9.2, xminigrid 0.9.3, craftax 1.6.1, navix 0.7.4
+and jumanji 1.1.2).
 """
 
 from __future__ import annotations
@@ -25,6 +41,7 @@ from __future__ import annotations
 import functools
 import importlib
 import importlib.util
+import math
 import os
 from typing import Any
 
@@ -45,7 +62,16 @@ XMINIGRID_PREFIX = "xminigrid/"
 CRAFTAX_PREFIX = "craftax/"
 CRAFTAX_IDS = ("Craftax-Classic-Symbolic-v1",)
 XMINIGRID_PARAMS = ("max_steps", "view_size")
-# Largest int32: a time limit Craftax never reaches, for telling death from running out of time.
+NAVIX_PREFIX = "navix/"
+NAVIX_PARAMS = ("max_steps",)
+JUMANJI_PREFIX = "jumanji/"
+JUMANJI_IDS = ("Maze-v0", "Snake-v1", "SlidingTilePuzzle-v0")
+JUMANJI_PARAMS = ("time_limit",)
+# NAVIX's symbolic ids: entities 0-10 (unknown, floor, wall, ..., player), colours 0-5, and
+# states 0-3 (a player's direction; a door open, closed or locked).
+NAVIX_ENTITIES, NAVIX_COLOURS, NAVIX_STATES = 11, 6, 4
+# Largest int32: a time limit Craftax and Jumanji never reach, for telling a true end of an
+# episode (death, a goal) from running out of time.
 _NO_TIME_LIMIT = 2**31 - 1
 
 
@@ -87,6 +113,24 @@ def craftax_ids() -> list[str]:
     if importlib.util.find_spec("craftax") is None:
         return []
     return [CRAFTAX_PREFIX + name for name in CRAFTAX_IDS]
+
+
+def navix_ids() -> list[str]:
+    """The ``navix/`` ids :func:`inner_loops.envs.make_env` accepts: NAVIX's whole registry
+    (none when the package is missing)."""
+    try:
+        import navix
+    except ImportError:
+        return []
+    return [NAVIX_PREFIX + name for name in sorted(navix.registry())]
+
+
+def jumanji_ids() -> list[str]:
+    """The ``jumanji/`` ids :func:`inner_loops.envs.make_env` accepts (none when the package
+    is missing)."""
+    if importlib.util.find_spec("jumanji") is None:
+        return []
+    return [JUMANJI_PREFIX + name for name in JUMANJI_IDS]
 
 
 @functools.cache
@@ -213,5 +257,133 @@ def make_craftax_env(env_id: str, env_params: EnvParamPairs = ()) -> Env:
         obs, state = select_reset(done, fresh, (final_obs, next_state))
         return EnvStep(obs, state, jnp.asarray(reward, jnp.float32), terminated, truncated,
                        final_obs)
+
+    return Env(spec, reset, step)
+
+
+@functools.cache
+def make_navix_env(env_id: str, env_params: EnvParamPairs = ()) -> Env:
+    """The adapter's :class:`Env` for ``navix/<name>``; observations ``[H * W * 21]``."""
+    navix = _import("navix", env_id)
+    from navix import observations
+    from navix.rendering.cache import RenderingCache
+
+    name = env_id[len(NAVIX_PREFIX):]
+    if name not in navix.registry():
+        raise ValueError(f"env_id: unknown environment {env_id!r}; allowed: "
+                         f"{', '.join(navix_ids())}")
+    overrides = {}
+    for param, value in env_params:
+        if param not in NAVIX_PARAMS:
+            raise ValueError(f"env_params.{param}: {env_id} has no such parameter; allowed: "
+                             f"{', '.join(NAVIX_PARAMS)}")
+        overrides[param] = integer_param(param, value, minimum=1)
+    env = navix.make(name, observation_fn=observations.symbolic, **overrides)
+    cell_size = NAVIX_ENTITIES + NAVIX_COLOURS + NAVIX_STATES
+    spec = EnvSpec(env_id, (env.height * env.width * cell_size,), True, len(env.action_set),
+                   max_episode_steps=int(env.max_steps))
+    # NAVIX keeps a rendered tile of every cell in its state, for the pixel observations
+    # alone; an empty one keeps each reset from drawing it and each step from carrying it.
+    no_pixels = RenderingCache(patches=jnp.zeros((0,), jnp.uint8))
+
+    def observe(grid):
+        # ids name categories, as in xminigrid; an id outside its range (KeyCorridor's locked
+        # door has state 254) one-hots to zeros, still unlike every id in range.
+        grid = grid.astype(jnp.int32)
+        return jnp.concatenate([
+            jax.nn.one_hot(grid[..., 0], NAVIX_ENTITIES, dtype=jnp.float32),
+            jax.nn.one_hot(grid[..., 1], NAVIX_COLOURS, dtype=jnp.float32),
+            jax.nn.one_hot(grid[..., 2], NAVIX_STATES, dtype=jnp.float32),
+        ], axis=-1).reshape(-1)
+
+    def reset(key):
+        timestep = env.reset(key, no_pixels)
+        return observe(timestep.observation), timestep
+
+    def step(key, state, action, fresh=None):
+        if fresh is None:
+            fresh = reset(key)
+        # NAVIX's public step wraps this one in a lax.cond that resets an ended episode;
+        # under vmap both branches would run every step, and ended episodes reset below.
+        timestep = env._step(state, action)
+        terminated = timestep.is_termination()
+        truncated = timestep.is_truncation()
+        final_obs = observe(timestep.observation)
+        obs, state = select_reset(jnp.logical_or(terminated, truncated), fresh,
+                                  (final_obs, timestep))
+        return EnvStep(obs, state, jnp.asarray(timestep.reward, jnp.float32), terminated,
+                       truncated, final_obs)
+
+    return Env(spec, reset, step)
+
+
+def _jumanji_observer(name: str, env: Any) -> tuple[Any, int]:
+    """How a Jumanji task's observation becomes a float32 vector: ``(observe, size)``."""
+    if name == "Maze-v0":
+        rows, cols = env.observation_spec.walls.shape
+        cells = rows * cols
+
+        def observe(obs):
+            agent = obs.agent_position.row * cols + obs.agent_position.col
+            target = obs.target_position.row * cols + obs.target_position.col
+            return jnp.concatenate([obs.walls.reshape(-1).astype(jnp.float32),
+                                    jax.nn.one_hot(agent, cells, dtype=jnp.float32),
+                                    jax.nn.one_hot(target, cells, dtype=jnp.float32)])
+
+        return observe, 3 * cells
+    if name == "Snake-v1":
+        shape = env.observation_spec.grid.shape
+        # body, head, tail, fruit and the body's order, each already in [0, 1]
+        return (lambda obs: obs.grid.reshape(-1).astype(jnp.float32)), math.prod(shape)
+    cells = math.prod(env.observation_spec.puzzle.shape)
+    # tiles are numbered 0 (the gap) to cells - 1: names, not amounts
+    return ((lambda obs: jax.nn.one_hot(obs.puzzle, cells, dtype=jnp.float32).reshape(-1)),
+            cells * cells)
+
+
+@functools.cache
+def make_jumanji_env(env_id: str, env_params: EnvParamPairs = ()) -> Env:
+    """The adapter's :class:`Env` for ``jumanji/<name>``, one of :data:`JUMANJI_IDS`;
+    observations ``[300]`` (Maze), ``[720]`` (Snake), ``[625]`` (SlidingTilePuzzle)."""
+    name = env_id[len(JUMANJI_PREFIX):]
+    if name not in JUMANJI_IDS:
+        raise ValueError(
+            f"env_id: unknown or unsupported environment {env_id!r}; allowed: "
+            f"{', '.join(JUMANJI_PREFIX + n for n in JUMANJI_IDS)} (multi-agent tasks, "
+            "tasks with several or continuous actions, and those that rely on an action "
+            "mask are not supported; see docs/guides/inner-loops.md)"
+        )
+    jumanji = _import("jumanji", env_id)
+    time_limit = None
+    for param, value in env_params:
+        if param not in JUMANJI_PARAMS:
+            raise ValueError(f"env_params.{param}: {env_id} has no such parameter; allowed: "
+                             f"{', '.join(JUMANJI_PARAMS)}")
+        time_limit = integer_param(param, value, minimum=1)
+    if time_limit is None:
+        time_limit = int(jumanji.make(name).time_limit)
+    # Jumanji reports reaching its time limit as a termination; with a limit it never
+    # reaches, its every episode end is a true one, and the limit is counted here.
+    env = jumanji.make(name, time_limit=_NO_TIME_LIMIT)
+    observe, size = _jumanji_observer(name, env)
+    spec = EnvSpec(env_id, (size,), True, int(env.action_spec.num_values),
+                   max_episode_steps=time_limit)
+
+    def reset(key):
+        state, timestep = env.reset(key)
+        return observe(timestep.observation), state
+
+    def step(key, state, action, fresh=None):
+        if fresh is None:
+            fresh = reset(key)
+        next_state, timestep = env.step(state, action)
+        terminated = timestep.last()
+        truncated = jnp.logical_and(next_state.step_count >= time_limit,
+                                    jnp.logical_not(terminated))
+        final_obs = observe(timestep.observation)
+        obs, state = select_reset(jnp.logical_or(terminated, truncated), fresh,
+                                  (final_obs, next_state))
+        return EnvStep(obs, state, jnp.asarray(timestep.reward, jnp.float32), terminated,
+                       truncated, final_obs)
 
     return Env(spec, reset, step)

@@ -64,7 +64,8 @@ class PPOConfig:
 
     Attributes:
         env_id: gymnax id (``CartPole-v1``, ``Breakout-MinAtar``, ...), ``brax/<name>``,
-            ``xminigrid/<name>`` or ``craftax/Craftax-Classic-Symbolic-v1``.
+            ``xminigrid/<name>``, ``craftax/Craftax-Classic-Symbolic-v1``, ``navix/<name>``
+            or ``jumanji/<name>`` (see :mod:`inner_loops.envs`).
         env_params: overrides of the environment's parameters, e.g.
             ``{"max_steps_in_episode": 200}`` (see :mod:`inner_loops.envs`); a mapping is
             stored as sorted ``(name, value)`` pairs. Default: none.
