@@ -23,6 +23,8 @@ from _evaluation_run import TINY, write_run
 from inner_loops.dqn import DQNConfig
 from inner_loops.objective import LossInputs
 from inner_loops.ppo import PPOConfig
+from inner_loops.sac import SACConfig
+from inner_loops.td3 import TD3Config
 from metarl.cli import main
 from metarl.config import ConfigError
 from metarl.evolve.config import config_from_dict
@@ -279,6 +281,20 @@ def test_knobs_the_algorithm_lacks_are_skipped_with_the_reason():
     with pytest.raises(ConfigError, match="tune_grid vf_coef: dqn has no hyperparameter"):
         objective_plan("l2", dqn, {"vf_coef": (0.1,)})
     assert evolved_plan("evolved", [plan]).settings == plan.settings == 3
+
+
+def test_a_critic_loss_of_td3_and_sac_is_tuned_over_the_critic_learning_rate():
+    # TD3 and SAC have no learning_rate: the learning rate of the network a value loss
+    # trains is critic_learning_rate, searched at the same multiples of the run's own
+    for inner in (TD3Config(critic_learning_rate=2e-3), SACConfig(critic_learning_rate=2e-3)):
+        plan = objective_plan("l2", inner)
+        assert [(knob.name, knob.trained) for knob in plan.knobs] == [
+            ("critic_learning_rate", (float(f"{2e-3 / 3:.7g}"), 2e-3, 6e-3))]
+        assert plan.relative_to == {"critic_learning_rate": 2e-3}
+        assert "vf_coef" in plan.skipped
+        evolved = evolved_plan("evolved", [plan, objective_plan("huber", inner)])
+        assert [knob.name for knob in evolved.knobs] == ["critic_learning_rate"]
+        assert evolved.settings == 3
 
 
 def test_shipped_grids_give_every_objective_twelve_settings():

@@ -207,19 +207,20 @@ def _plan(name: str, tunables, inner, learner, overrides) -> TuningPlan:
             knobs.append(Knob(tunable.name, values, values, option=True, slot=tunable.slot,
                               shared=tunable.shared))
             continue
-        if tunable.name not in fields:
+        field = next((f for f in (tunable.name, *tunable.fallbacks) if f in fields), None)
+        if field is None:
             reason = (f"{learner.algorithm} has no hyperparameter {tunable.name} (it has "
                       f"{', '.join(fields)})")
             if tunable.name in overrides:
                 raise ConfigError(f"tune_grid {tunable.name}: {reason}")
             skipped[tunable.name] = reason
             continue
-        base = float(getattr(inner, tunable.name))
+        base = float(getattr(inner, field))
         trained = _scaled(values, base) if tunable.relative else values
-        _check_values(inner, learner, tunable.name, values, trained, base, tunable.relative)
+        _check_values(inner, learner, field, values, trained, base, tunable.relative)
         if tunable.relative:
-            relative_to[tunable.name] = base
-        knobs.append(Knob(tunable.name, values, trained, tunable.relative, tunable.shared))
+            relative_to[field] = base
+        knobs.append(Knob(field, values, trained, tunable.relative, tunable.shared))
     return TuningPlan(name, tuple(knobs), skipped, relative_to)
 
 

@@ -14,7 +14,8 @@ None has meta-parameters: every term's ``init`` returns ``{}``.
 
 What a tuned evaluation (``metarl evaluate --tune``) searches when one of them is a
 baseline: ``l2`` and ``huber`` the value loss's weight ``vf_coef`` over 0.03, 0.1, 0.3, 1
-(absolute; PPO's default is 0.5) times the learning rate at 1/3, 1 and 3 times the run's own;
+(absolute; PPO's default is 0.5) times the learning rate at 1/3, 1 and 3 times the run's own
+(TD3's and SAC's critic learning rate; they have no ``vf_coef``);
 ``ppo`` its clip range ``clip_eps`` over 0.05, 0.1, 0.2, 0.4 times the same learning rates.
 Every grid has 12 settings.
 """

@@ -79,6 +79,9 @@ class Tunable:
             value trains in one program; its ``init`` still returns ``{}``, so evolution
             sees nothing to learn.
         slot: the slot whose term reads the option (default: the objective's only slot).
+        fallbacks: hyperparameters searched in place of ``name``, the first the algorithm
+            has, where it has no ``name``: the learning rate of TD3's and SAC's critic,
+            which a value loss trains, is ``critic_learning_rate``.
     """
 
     name: str
@@ -87,6 +90,7 @@ class Tunable:
     shared: bool = False
     option: bool = False
     slot: str | None = None
+    fallbacks: tuple[str, ...] = ()
 
     def __post_init__(self):
         if not isinstance(self.name, str) or not self.name:
@@ -105,7 +109,8 @@ class Tunable:
 
 
 # The knobs the shipped objectives share: grids documented in docs/guides/objectives.md.
-LEARNING_RATE = Tunable("learning_rate", (1 / 3, 1.0, 3.0), relative=True, shared=True)
+LEARNING_RATE = Tunable("learning_rate", (1 / 3, 1.0, 3.0), relative=True, shared=True,
+                        fallbacks=("critic_learning_rate",))
 VF_COEF = Tunable("vf_coef", (0.03, 0.1, 0.3, 1.0))
 
 
