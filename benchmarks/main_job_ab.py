@@ -9,9 +9,9 @@ see the same machine, and each starts from an empty JAX compilation cache.
     python benchmarks/main_job_ab.py --base 278f762 --rounds 2 --out docs/results/main_job_ab.json
 
 The job trains full generations (``--set es.rungs=1``; ``--rungs`` chooses another number),
-as it did when ``docs/results/main_job_ab_*.json`` were measured: the experiment file has
-trained in rungs of successive halving since. A base revision older than ``[es] rungs``
-gets no override, and it trains full generations anyway.
+as the experiment file does and did when ``docs/results/main_job_ab_*.json`` were measured.
+A base revision older than ``[es] rungs`` gets no override, and it trains full generations
+anyway.
 
 Prints one JSON document: the wall and CPU seconds of every run, the load average before
 each, each run's best fitness per generation, and whether the two revisions agree on them.

@@ -30,9 +30,9 @@ NOTEBOOKS = sorted(NOTEBOOK_DIR.glob("*.ipynb"))
 # Knob values for the tests: those of TINY that a notebook defines, and every one of EXTRA's
 # for that notebook.
 TINY = {"GENERATIONS": 2, "POPULATION_SIZE": 2, "TOTAL_TIMESTEPS": 2048}
-# 01, 02 and 04 run the main job's file, whose successive halving (RUNGS = 3 there) needs
-# 9 updates per agent at least; TINY's 2048 steps are 4, so they train full generations:
-# the program tests/test_plots.py and tests/test_trackers.py compile too.
+# 01, 02 and 04 run the main job's file with full generations (RUNGS = 1, as their default;
+# successive halving would need 9 updates per agent, TINY's 2048 steps are 4): the program
+# tests/test_plots.py and tests/test_trackers.py compile too.
 EXTRA = {"01_quickstart.ipynb": {"RUNGS": 1},
          "02_value_distance.ipynb": {"EVAL_SEEDS": 2, "RUNGS": 1},
          # A drift heatmap costs CPU per cell of its grid to evaluate and draw (31 x 31
