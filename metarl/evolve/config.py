@@ -123,10 +123,11 @@ class ESConfig:
             each generation trains in ``rungs`` segments, and after each but the last only
             the best ``ceil(C / eta^(r + 1))`` candidates by their fitness so far train on;
             the others rank below every one that trained further. ``1`` (default): every
-            candidate trains its whole budget, the full generation. The main job
-            (``experiments/value_distance_cartpole.toml``) and ``experiments/lpo_cpu.toml``
-            set 3 with ``eta = 3``, which reached the full generations' held-out verdicts
-            at 14% and 26% of their agent-steps (``docs/evidence/discovery-cost.md``).
+            candidate trains its whole budget, the full generation. 3 with ``eta = 3``
+            reached the full generations' held-out verdicts on the main job and on
+            ``experiments/lpo_cpu.toml`` at 14% and 26% of their agent-steps, but misled a
+            search started from L2's tuned setting, whose first rung rewarded what helps
+            early training only (``docs/evidence/discovery-cost.md``).
         eta: the factor of successive halving: rung ``r`` ends after ``U * eta^(r + 1 -
             rungs)`` of a run's ``U`` updates, and ``1 / eta`` of its candidates go on.
             ``1`` stops no one: every candidate trains through rungs that split its run
