@@ -13,6 +13,12 @@ Each package is an optional extra, imported only when one of its ids is made:
   (``xminigrid/XLand-MiniGrid-R1-9x9/trivial-21k``). metarl reads the benchmark from
   xminigrid's data folder (``XLAND_MINIGRID_DATA``, by default ``~/.xland_minigrid``) and
   never downloads it: ``xminigrid.load_benchmark(name)`` does, from Hugging Face.
+  ``env_params`` may also split the benchmark's rulesets into two disjoint parts, so that
+  one experiment trains on one part and holds out the other (:func:`ruleset_split`):
+  ``train_rulesets = true`` draws from the training part only, ``test_rulesets = true``
+  from the rest; ``train_fraction`` (default 0.8) is the training part's share and
+  ``split_seed`` (default 0) picks the fixed order the split is made in. Neither flag
+  (the default): every ruleset, as before.
 - ``craftax/Craftax-Classic-Symbolic-v1``: Craftax-Classic with its symbolic observation,
   a float32 vector ``[1345]``, from ``pip install "metarl[craftax]"``. ``env_params`` may set
   the scalar fields of its ``EnvParams`` (``max_timesteps``, ``day_length``, ...). Dying or
@@ -47,6 +53,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from inner_loops.env_spec import (
     Env,
@@ -62,6 +69,10 @@ XMINIGRID_PREFIX = "xminigrid/"
 CRAFTAX_PREFIX = "craftax/"
 CRAFTAX_IDS = ("Craftax-Classic-Symbolic-v1",)
 XMINIGRID_PARAMS = ("max_steps", "view_size")
+# the env_params of an XLand benchmark's ruleset split (ruleset_split)
+XLAND_SPLIT_PARAMS = ("train_rulesets", "test_rulesets", "train_fraction", "split_seed")
+DEFAULT_TRAIN_FRACTION = 0.8
+DEFAULT_SPLIT_SEED = 0
 NAVIX_PREFIX = "navix/"
 NAVIX_PARAMS = ("max_steps",)
 JUMANJI_PREFIX = "jumanji/"
@@ -145,18 +156,29 @@ def make_xminigrid_env(env_id: str, env_params: EnvParamPairs = ()) -> Env:
                          f"{', '.join(xminigrid_ids())}, or xminigrid/XLand-MiniGrid-<layout>"
                          "/<benchmark> (see xminigrid.registered_environments() and "
                          "xminigrid.registered_benchmarks())")
-    benchmark = None
-    if name.startswith("XLand-MiniGrid"):
-        benchmark = _load_benchmark(env_id, benchmark_name)
-    elif benchmark_name:
+    benchmark = rulesets = None
+    xland = name.startswith("XLand-MiniGrid")
+    if not xland and benchmark_name:
         raise ValueError(f"env_id: {env_id}: only XLand-MiniGrid environments take a "
                          "benchmark; the MiniGrid ones have their own goal")
-    overrides = {}
+    allowed = XMINIGRID_PARAMS + (XLAND_SPLIT_PARAMS if xland else ())
+    overrides, split = {}, {}
     for param, value in env_params:
-        if param not in XMINIGRID_PARAMS:
+        if param not in allowed:
             raise ValueError(f"env_params.{param}: {env_id} has no such parameter; allowed: "
-                             f"{', '.join(XMINIGRID_PARAMS)}")
-        overrides[param] = integer_param(param, value, minimum=1)
+                             f"{', '.join(allowed)}")
+        if param in XLAND_SPLIT_PARAMS:
+            split[param] = value
+        else:
+            overrides[param] = integer_param(param, value, minimum=1)
+    part = _split_part(split)
+    if xland:
+        benchmark = _load_benchmark(env_id, benchmark_name)
+        if part is not None:
+            rulesets = jnp.asarray(ruleset_split(
+                benchmark.num_rulesets(), part,
+                split.get("train_fraction", DEFAULT_TRAIN_FRACTION),
+                split.get("split_seed", DEFAULT_SPLIT_SEED)), jnp.int32)
     env, params = xminigrid.make(name, **overrides)
     view = int(params.view_size)
     spec = EnvSpec(env_id, (view * view * (NUM_TILES + NUM_COLORS),), True,
@@ -175,8 +197,12 @@ def make_xminigrid_env(env_id: str, env_params: EnvParamPairs = ()) -> Env:
         else:
             # every episode draws its task (goal, rules, objects) from the benchmark
             ruleset_key, key = jax.random.split(key)
-            timestep = env.reset(params.replace(ruleset=benchmark.sample_ruleset(ruleset_key)),
-                                 key)
+            if rulesets is None:
+                ruleset = benchmark.sample_ruleset(ruleset_key)
+            else:  # uniformly from one part of the split
+                index = jax.random.randint(ruleset_key, (), 0, rulesets.shape[0])
+                ruleset = benchmark.get_ruleset(rulesets[index])
+            timestep = env.reset(params.replace(ruleset=ruleset), key)
         return observe(timestep.observation), timestep
 
     def step(key, state, action, fresh=None):
@@ -195,6 +221,74 @@ def make_xminigrid_env(env_id: str, env_params: EnvParamPairs = ()) -> Env:
                        final_obs)
 
     return Env(spec, reset, step)
+
+
+def _split_part(split: dict[str, Any]) -> str | None:
+    """Which part of an XLand benchmark the ``env_params`` of a split (``split``: the
+    :data:`XLAND_SPLIT_PARAMS` given) draw from: ``"train"``, ``"test"``, or ``None`` for
+    every ruleset; raises ``ValueError`` naming the parameter when they do not fit."""
+    for flag in ("train_rulesets", "test_rulesets"):
+        if flag in split and not isinstance(split[flag], bool):
+            raise ValueError(f"env_params.{flag}: expected true or false, got {split[flag]!r}")
+    train, test = split.get("train_rulesets", False), split.get("test_rulesets", False)
+    if train and test:
+        raise ValueError("env_params.test_rulesets: a task draws from one part of the split; "
+                         "set train_rulesets or test_rulesets, not both (two [[inner]] or "
+                         "[[held_out]] entries take the two parts)")
+    if not (train or test):
+        for param in ("train_fraction", "split_seed"):
+            if param in split:
+                raise ValueError(f"env_params.{param}: only with train_rulesets = true or "
+                                 "test_rulesets = true (without either, every ruleset is "
+                                 "drawn)")
+        return None
+    fraction = split.get("train_fraction", DEFAULT_TRAIN_FRACTION)
+    if isinstance(fraction, bool) or not 0.0 < float(fraction) < 1.0:
+        raise ValueError(f"env_params.train_fraction: expected a number strictly between 0 "
+                         f"and 1, got {fraction!r}")
+    seed = split.get("split_seed", DEFAULT_SPLIT_SEED)
+    if isinstance(seed, bool) or not float(seed).is_integer() or not 0 <= seed < 2**32:
+        raise ValueError(f"env_params.split_seed: expected an integer from 0 to 2**32 - 1, "
+                         f"got {seed!r}")
+    return "train" if train else "test"
+
+
+_MASK64 = (1 << 64) - 1
+
+
+def _splitmix64(values: Any) -> Any:
+    """SplitMix64's output function (Steele, Lea & Flood 2014) of ``values`` (uint64
+    numpy array): a fixed, well-mixed hash, the same on every platform and version."""
+    z = (values + np.uint64(0x9E3779B97F4A7C15)) & np.uint64(_MASK64)
+    z = ((z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)) & np.uint64(_MASK64)
+    z = ((z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)) & np.uint64(_MASK64)
+    return z ^ (z >> np.uint64(31))
+
+
+def ruleset_split(num_rulesets: int, part: str, train_fraction: float = DEFAULT_TRAIN_FRACTION,
+                  split_seed: int = DEFAULT_SPLIT_SEED) -> Any:
+    """The indices (ascending, int64 numpy) of one part of a benchmark of ``num_rulesets``
+    rulesets split in two disjoint parts.
+
+    The rulesets are put in a fixed order, by the SplitMix64 hash of ``split_seed * 2^32 +
+    index`` (ties, which need a collision of 64-bit hashes, by index): the first
+    ``round(train_fraction * num_rulesets)`` of that order are the ``"train"`` part, the
+    rest the ``"test"`` part. The order depends on ``split_seed`` and the indices alone,
+    computed in numpy's exact integer arithmetic, so it is the same on every machine and
+    for every version of JAX and NumPy; another ``split_seed`` gives another split.
+
+    Raises ``ValueError`` naming ``env_params.train_fraction`` when either part would be
+    empty.
+    """
+    size = round(train_fraction * num_rulesets)
+    if not 0 < size < num_rulesets:
+        raise ValueError(f"env_params.train_fraction: {train_fraction} of {num_rulesets} "
+                         f"rulesets leaves a part of the split empty")
+    index = np.arange(num_rulesets, dtype=np.uint64)
+    order = np.lexsort((index, _splitmix64((np.uint64(int(split_seed)) << np.uint64(32))
+                                           + index)))
+    chosen = order[:size] if part == "train" else order[size:]
+    return np.sort(chosen).astype(np.int64)
 
 
 def _load_benchmark(env_id: str, benchmark_name: str) -> Any:

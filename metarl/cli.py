@@ -300,7 +300,8 @@ def _add_reading_commands(commands) -> None:
                                "apart, variants of one experiment) are evaluated with the "
                                "same options and their baselines trained once")
     evaluate.add_argument("--env", dest="env_ids", action="append", default=[],
-                          help="environment id (repeatable; default: the run's)")
+                          help="environment id or task label (repeatable; default: the "
+                               "run's [[inner]] tasks, then its [[held_out]] ones)")
     evaluate.add_argument("--seeds", type=int, default=16, help="held-out seeds (default 16)")
     evaluate.add_argument("--baselines", default=None,
                           help="comma-separated fixed objectives (default: those the "

@@ -295,13 +295,40 @@ def test_ppo_beats_a_random_policy_on_minigrid_empty(xminigrid_rollout):
     assert final > max(0.4, 5 * random_return), (final, random_return)
 
 
+def write_stand_in_benchmark(folder, name: str, tiles: list[np.ndarray]) -> None:
+    """A stand-in for xminigrid's benchmark ``name`` (whose real file needs a download) in
+    ``folder``: one ruleset per tile of ``tiles``, "hold that tile", the tile placed in the
+    room at reset, no rules."""
+    from xminigrid import benchmarks
+    from xminigrid.core.goals import AgentHoldGoal
+    from xminigrid.core.rules import EmptyRule
+
+    benchmarks.save_bz2_pickle({
+        "goals": np.stack([np.asarray(AgentHoldGoal(tile=tile).encode()) for tile in tiles]),
+        "rules": np.stack([np.asarray(EmptyRule().encode())[None]] * len(tiles)),
+        "init_tiles": np.stack([tile[None] for tile in tiles]),
+        "num_rules": np.zeros(len(tiles), np.uint8),
+    }, str(folder / benchmarks.NAME2HFFILENAME[name]))
+
+
+def drawn_goals(env_id: str, env_params: dict, copies: int) -> tuple[np.ndarray, ...]:
+    """``(goals, grids)`` of ``copies`` fresh episodes of ``env_id``: each one's goal
+    encoding and its first grid."""
+    vec_env = make_vec_env(env_id, copies, env_params=env_params)
+
+    @jax.jit
+    def reset(key):
+        start = vec_env.reset(key)[1].env_state.state
+        return start.goal_encoding, start.grid
+
+    return jax.device_get(reset(jax.random.PRNGKey(0)))
+
+
 def test_xland_episodes_draw_their_tasks_from_a_benchmark(tmp_path, monkeypatch):
     """A two-task stand-in for xminigrid's trivial-21k file (which needs a download): hold
     the red ball, or hold the blue square; each placed in the room at reset."""
     from xminigrid import benchmarks
     from xminigrid.core.constants import TILES_REGISTRY, Colors, Tiles
-    from xminigrid.core.goals import AgentHoldGoal
-    from xminigrid.core.rules import EmptyRule
 
     env_id = "xminigrid/XLand-MiniGrid-R1-9x9/trivial-21k"
     monkeypatch.setattr(benchmarks, "DATA_PATH", str(tmp_path))
@@ -309,12 +336,7 @@ def test_xland_episodes_draw_their_tasks_from_a_benchmark(tmp_path, monkeypatch)
         make_env(env_id)
     tiles = [np.asarray(TILES_REGISTRY[Tiles.BALL, Colors.RED]),
              np.asarray(TILES_REGISTRY[Tiles.SQUARE, Colors.BLUE])]
-    benchmarks.save_bz2_pickle({
-        "goals": np.stack([np.asarray(AgentHoldGoal(tile=tile).encode()) for tile in tiles]),
-        "rules": np.stack([np.asarray(EmptyRule().encode())[None]] * 2),
-        "init_tiles": np.stack([tile[None] for tile in tiles]),
-        "num_rules": np.zeros(2, np.uint8),
-    }, str(tmp_path / benchmarks.NAME2HFFILENAME["trivial-21k"]))
+    write_stand_in_benchmark(tmp_path, "trivial-21k", tiles)
     assert env_id in xminigrid_ids()
     vec_env = make_vec_env(env_id, 16)
     # XLand's view is 5 x 5 cells
@@ -335,6 +357,77 @@ def test_xland_episodes_draw_their_tasks_from_a_benchmark(tmp_path, monkeypatch)
     # the object to hold lies in the room
     for tile, grid in zip(held, grids, strict=True):
         assert (grid == tile).all(axis=-1).sum() == 1
+
+
+def test_xland_rulesets_split_into_disjoint_train_and_test_parts(tmp_path, monkeypatch):
+    """A ten-task stand-in (five objects in two colours) split 8 / 2 by the fixed order of
+    :func:`~inner_loops.jax_envs.ruleset_split`: episodes of the train part draw only its
+    tasks, those of the test part only the others, and every task of each part is drawn."""
+    from xminigrid import benchmarks
+    from xminigrid.core.constants import TILES_REGISTRY, Colors, Tiles
+
+    from inner_loops.jax_envs import ruleset_split
+
+    monkeypatch.setattr(benchmarks, "DATA_PATH", str(tmp_path))
+    tiles = [np.asarray(TILES_REGISTRY[tile, colour])
+             for tile in (Tiles.BALL, Tiles.SQUARE, Tiles.PYRAMID, Tiles.KEY, Tiles.STAR)
+             for colour in (Colors.RED, Colors.BLUE)]
+    write_stand_in_benchmark(tmp_path, "small-1m", tiles)
+    env_id = "xminigrid/XLand-MiniGrid-R1-9x9/small-1m"
+    parts = {part: ruleset_split(len(tiles), part) for part in ("train", "test")}
+    assert [len(parts["train"]), len(parts["test"])] == [8, 2]
+    assert not set(parts["train"]) & set(parts["test"])
+    assert sorted([*parts["train"], *parts["test"]]) == list(range(len(tiles)))
+    # a fixed order: the same split every time, another for another split_seed
+    np.testing.assert_array_equal(ruleset_split(len(tiles), "train"), parts["train"])
+    assert list(ruleset_split(len(tiles), "train", split_seed=1)) != list(parts["train"])
+    assert len(ruleset_split(len(tiles), "test", train_fraction=0.5)) == 5
+    for part, flag in (("train", "train_rulesets"), ("test", "test_rulesets")):
+        goals, _ = drawn_goals(env_id, {flag: True}, 64)
+        held = {tuple(tile) for tile in goals[:, 1:3]}
+        assert held == {tuple(tiles[i]) for i in parts[part]}, part
+    goals, _ = drawn_goals(env_id, {}, 64)  # no split: every ruleset
+    assert {tuple(tile) for tile in goals[:, 1:3]} == {tuple(tile) for tile in tiles}
+
+
+@pytest.mark.parametrize("env_params, message", [
+    ({"train_rulesets": True, "test_rulesets": True}, "env_params.test_rulesets: .*not both"),
+    ({"test_rulesets": 1}, "env_params.test_rulesets: expected true or false"),
+    ({"train_fraction": 0.5}, "env_params.train_fraction: only with"),
+    ({"split_seed": 2}, "env_params.split_seed: only with"),
+    ({"train_rulesets": True, "train_fraction": 1.0}, "env_params.train_fraction: expected a "
+                                                      "number strictly between 0 and 1"),
+    ({"test_rulesets": True, "train_fraction": 0.01}, "env_params.train_fraction: .*empty"),
+    ({"test_rulesets": True, "split_seed": -1}, "env_params.split_seed"),
+])
+def test_bad_xland_split_params_name_the_parameter(tmp_path, monkeypatch, env_params, message):
+    from xminigrid import benchmarks
+    from xminigrid.core.constants import TILES_REGISTRY, Colors, Tiles
+
+    monkeypatch.setattr(benchmarks, "DATA_PATH", str(tmp_path))
+    write_stand_in_benchmark(tmp_path, "medium-1m", [
+        np.asarray(TILES_REGISTRY[Tiles.BALL, colour]) for colour in (Colors.RED, Colors.BLUE)])
+    with pytest.raises(ValueError, match=message):
+        make_env("xminigrid/XLand-MiniGrid-R1-9x9/medium-1m", env_params)
+
+
+def test_an_xland_split_trains_on_one_part_and_holds_out_the_other():
+    """In an experiment the two parts are two tasks of one env_id: labelled apart, and a
+    bad split named by the entry's path when the learners are built."""
+    from metarl.config import ConfigError
+    from metarl.evolve.config import config_from_dict
+    from metarl.evolve.generation import build_learner
+
+    env_id = "xminigrid/XLand-MiniGrid-R1-9x9/trivial-21k"
+    config = config_from_dict({
+        "inner": {"env_id": env_id, "env_params": {"train_rulesets": True}},
+        "held_out": {"env_id": env_id, "env_params": {"test_rulesets": True,
+                                                      "train_fraction": 0.5}}})
+    assert config.task_labels == (f"{env_id}[train_rulesets=true]",)
+    assert config.held_out_labels == (f"{env_id}[test_rulesets=true,train_fraction=0.5]",)
+    with pytest.raises(ConfigError, match="held_out.env_params.train_fraction"):
+        build_learner(config.held_out[0].replace(env_params={"train_fraction": 0.5}),
+                      path="held_out")
 
 
 # --------------------------------------------------------------------------- craftax

@@ -1,6 +1,7 @@
 """The experiment files of run kind "evolve": what is evolved, how, and how it is scored.
 
-An evolution experiment has five tables; every field is documented on its dataclass below:
+An evolution experiment has five tables, and an optional list of held-out tasks; every
+field is documented on its dataclass below:
 
 .. code-block:: toml
 
@@ -9,10 +10,24 @@ An evolution experiment has five tables; every field is documented on its datacl
     name = "value_distance"
     [inner]                  # the inner loop: algorithm = "ppo" (default) and the fields of
     env_id = "CartPole-v1"   # its config class, e.g. PPOConfig (use [[inner]] several
-                             # times for fitness over several environments)
+                             # times for fitness over several tasks: the training set)
     [es]                     # ESConfig: the evolution strategy
-    [fitness]                # FitnessConfig: how training runs become a fitness
+    [fitness]                # FitnessConfig: how training runs become a fitness (and
+                             # tasks_per_generation: how many [[inner]] tasks each
+                             # generation samples)
     [run]                    # RunConfig (metarl.config): seeds, chunking, checkpoints, output
+    [[held_out]]             # optional, as [[inner]]: tasks never trained on during
+    env_id = "CartPole-v1"   # evolution, which `metarl evaluate` evaluates on as well
+    env_params = { gravity = 12.0 }
+
+**Tasks.** Each ``[[inner]]`` entry is one task of the training set, each ``[[held_out]]``
+entry one task kept for evaluation. A task is its ``env_id`` and ``env_params``: two
+entries may share an ``env_id`` and differ in ``env_params`` (CartPole at two gravities,
+the train and test rulesets of an XLand benchmark), but no two entries of the experiment
+may be the same task. Each task has a label (:func:`task_labels`), used as its key in
+``metrics.jsonl`` and evaluation records: its ``env_id`` where no other task of the
+experiment shares it (so an experiment of distinct environments keeps the keys it always
+had), else ``env_id[name=value,...]`` with its ``env_params``.
 
 Errors name the dotted path of the bad field (:class:`~metarl.config.ConfigError`). Checks
 that need the environment run when the learners are built
@@ -30,6 +45,7 @@ from inner_loops.validation import (
     check_choice,
     check_finite,
     check_in_range,
+    check_non_negative_int,
     check_positive,
     check_positive_int,
 )
@@ -225,6 +241,22 @@ class FitnessConfig:
             a traced hyperparameter of every ``[inner]`` algorithm and both ends values
             its config accepts. Empty (default): every run trains at the ``[inner]``
             values.
+        tasks_per_generation: task distributions as the training set: ``K`` of the ``E``
+            ``[[inner]]`` tasks train in each generation, drawn uniformly without
+            replacement and anew every generation, and a candidate's fitness combines
+            those ``K`` tasks only (each normalised by its own baseline as always). Only
+            the drawn tasks' agents are trained, inside the one jitted generation
+            (:meth:`metarl.evolve.generation.Evolution.sample_tasks`). ``1 <= K <= E``;
+            not with ``es.rungs > 1`` nor ``es.truncations > 1``. ``None`` (default) or
+            ``E``: every task trains in every generation, the generation computed before
+            the option existed, bit for bit.
+        task_seed: the seed of the stream the tasks are drawn from: generation ``g``
+            draws with ``fold_in(fold_in(PRNGKey(task_seed), TASK_STREAM), g)``, so the
+            draws depend on the seed and the generation alone (a resumed run draws what
+            the uninterrupted one drew). ``None`` (default): ``run.seed``. The seeds of
+            replicated evolution (``es.evolution_seeds > 1``) are given the base seed
+            here, so that they all see the same task sequence. Only with
+            ``tasks_per_generation < E``.
     """
 
     metric: str = "mean_return"
@@ -236,10 +268,17 @@ class FitnessConfig:
     baseline_seeds: int = 4
     tune_baseline: bool = False
     hyperparameter_ranges: dict[str, Prior] = field(default_factory=dict)
+    tasks_per_generation: int | None = None
+    task_seed: int | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "hyperparameter_ranges",
                            _build_ranges(self.hyperparameter_ranges))
+        if self.tasks_per_generation is not None:
+            check_positive_int("fitness.tasks_per_generation", self.tasks_per_generation,
+                               ConfigError)
+        if self.task_seed is not None:
+            check_non_negative_int("fitness.task_seed", self.task_seed, ConfigError)
         check_choice("fitness.metric", self.metric, FITNESS_METRICS, ConfigError)
         check_positive_int("fitness.seeds_per_candidate", self.seeds_per_candidate, ConfigError)
         check_positive_int("fitness.baseline_seeds", self.baseline_seeds, ConfigError)
@@ -305,6 +344,41 @@ def check_ranges_fit(ranges: dict[str, Prior], inners: tuple[Any, ...]) -> None:
                                       f"{algorithm}{where} ({error})") from None
 
 
+def task_label(inner: Any, shared: bool) -> str:
+    """The label of the task of one ``[[inner]]`` or ``[[held_out]]`` entry: its
+    ``env_id``, or, where ``shared`` (another task of the experiment has the same
+    ``env_id``), ``env_id[name=value,...]`` with its ``env_params`` in name order
+    (``env_id[defaults]`` for none), e.g. ``CartPole-v1[gravity=12.0]``."""
+    if not shared:
+        return inner.env_id
+    params = ",".join(f"{name}={_param_text(value)}" for name, value in inner.env_params)
+    return f"{inner.env_id}[{params or 'defaults'}]"
+
+
+def _param_text(value: Any) -> str:
+    return ("true" if value else "false") if isinstance(value, bool) else repr(value)
+
+
+def task_labels(*groups: tuple[Any, ...]) -> tuple[tuple[str, ...], ...]:
+    """The labels (:func:`task_label`) of the tasks of each of ``groups`` (e.g. the
+    ``[[inner]]`` and the ``[[held_out]]`` entries), an ``env_id`` counted as shared when
+    it occurs more than once over all of them together."""
+    counts: dict[str, int] = {}
+    for group in groups:
+        for inner in group:
+            counts[inner.env_id] = counts.get(inner.env_id, 0) + 1
+    return tuple(tuple(task_label(inner, counts[inner.env_id] > 1) for inner in group)
+                 for group in groups)
+
+
+def _same_task(a: Any, b: Any) -> bool:
+    return a.env_id == b.env_id and tuple(a.env_params) == tuple(b.env_params)
+
+
+def _entry_path(table: str, index: int, count: int) -> str:
+    return f"{table}[{index}]" if count > 1 else table
+
+
 @dataclass(frozen=True)
 class ExperimentConfig:
     """A whole meta-evolution experiment.
@@ -314,10 +388,17 @@ class ExperimentConfig:
         description: free text.
         objective: see :class:`ObjectiveConfig`.
         inner: one algorithm config (a registered config class, e.g.
-            :class:`~inner_loops.ppo.PPOConfig`) per environment of the fitness.
+            :class:`~inner_loops.ppo.PPOConfig`) per task of the training set (``E``
+            tasks; ``fitness.tasks_per_generation`` of them train in each generation).
         es: see :class:`ESConfig`.
         fitness: see :class:`FitnessConfig`.
         run: see :class:`RunConfig`.
+        held_out: tasks kept out of evolution (``[[held_out]]`` tables, each an
+            algorithm config as ``inner``'s, whose learner is built, and checked, the same
+            way): never trained during evolution, and evaluated on by ``metarl evaluate``
+            besides the training tasks, marked "held out". None may be the same task
+            (``env_id`` and ``env_params``) as a training task or another held-out one.
+            Empty by default.
     """
 
     name: str = "experiment"
@@ -327,21 +408,25 @@ class ExperimentConfig:
     es: ESConfig = field(default_factory=ESConfig)
     fitness: FitnessConfig = field(default_factory=FitnessConfig)
     run: RunConfig = field(default_factory=RunConfig)
+    held_out: tuple[Any, ...] = ()
 
     def __post_init__(self):
-        if not isinstance(self.inner, list | tuple):
-            object.__setattr__(self, "inner", (self.inner,))
-        object.__setattr__(self, "inner", tuple(self.inner))
+        for table in ("inner", "held_out"):
+            entries = getattr(self, table)
+            if not isinstance(entries, list | tuple):
+                entries = (entries,)
+            object.__setattr__(self, table, tuple(entries))
         if not self.inner:
             raise ConfigError("inner: at least one environment is needed")
-        for entry in self.inner:
-            try:
-                algorithm_of(entry)
-            except ValueError as error:
-                raise ConfigError(f"inner: {error}") from None
-        env_ids = [cfg.env_id for cfg in self.inner]
-        if len(set(env_ids)) != len(env_ids):
-            raise ConfigError(f"inner: environments repeat: {env_ids}")
+        for table in ("inner", "held_out"):
+            entries = getattr(self, table)
+            for index, entry in enumerate(entries):
+                try:
+                    algorithm_of(entry)
+                except ValueError as error:
+                    raise ConfigError(f"{_entry_path(table, index, len(entries))}: "
+                                      f"{error}") from None
+        self._check_distinct_tasks()
         baselines = self.fitness.baseline_returns
         if baselines and len(baselines) != len(self.inner):
             raise ConfigError(
@@ -355,11 +440,80 @@ class ExperimentConfig:
                 f"{self.es.truncations}) scores each truncation on its own, which sums to "
                 f"mean_return over a run; {self.fitness.metric!r} scores the run's end "
                 "alone. Use \"mean_return\"")
+        self._check_task_sampling()
+
+    def _check_distinct_tasks(self) -> None:
+        """No two entries of ``inner`` and ``held_out`` are the same task."""
+        seen: list[tuple[str, Any]] = []
+        for table in ("inner", "held_out"):
+            entries = getattr(self, table)
+            for index, entry in enumerate(entries):
+                path = _entry_path(table, index, len(entries))
+                for other_path, other in seen:
+                    if _same_task(entry, other):
+                        params = dict(entry.env_params) or "none"
+                        kind = ("a held-out task must differ from every training task"
+                                if table == "held_out" and other_path.startswith("inner")
+                                else "entries that share an env_id must differ in "
+                                     "env_params")
+                        raise ConfigError(
+                            f"{path}: the same task as {other_path} (env_id "
+                            f"{entry.env_id!r}, env_params {params}); {kind}")
+                seen.append((path, entry))
+
+    def _check_task_sampling(self) -> None:
+        fitness, count = self.fitness, len(self.inner)
+        if fitness.tasks_per_generation is not None and fitness.tasks_per_generation > count:
+            raise ConfigError(
+                f"fitness.tasks_per_generation: {fitness.tasks_per_generation} tasks per "
+                f"generation out of {count} [[inner]] tasks; it must be between 1 and "
+                f"{count}")
+        if not self.samples_tasks:
+            if fitness.task_seed is not None:
+                raise ConfigError(
+                    "fitness.task_seed: seeds the tasks drawn per generation; only with "
+                    f"fitness.tasks_per_generation below the {count} [[inner]] tasks")
+            return
+        if self.es.rungs > 1:
+            raise ConfigError(
+                "fitness.tasks_per_generation: not combined with es.rungs > 1 (rungs "
+                "compare candidates across every task's partial runs); choose one of the two")
+        if self.es.truncations > 1:
+            raise ConfigError(
+                "fitness.tasks_per_generation: not combined with es.truncations > 1 (the "
+                "agents carried between truncations train on fixed tasks); choose one of "
+                "the two")
+
+    @property
+    def tasks_per_generation(self) -> int:
+        """``K``: the training tasks each generation trains (``E`` unless sampled)."""
+        return self.fitness.tasks_per_generation or len(self.inner)
+
+    @property
+    def samples_tasks(self) -> bool:
+        """Whether each generation draws ``K < E`` of the training tasks."""
+        return self.tasks_per_generation < len(self.inner)
+
+    @property
+    def task_seed(self) -> int:
+        """The seed of the task stream: ``fitness.task_seed``, or ``run.seed``."""
+        return self.run.seed if self.fitness.task_seed is None else self.fitness.task_seed
+
+    @property
+    def task_labels(self) -> tuple[str, ...]:
+        """``[E]`` the labels of the training tasks (:func:`task_labels`)."""
+        return task_labels(self.inner, self.held_out)[0]
+
+    @property
+    def held_out_labels(self) -> tuple[str, ...]:
+        """The labels of the held-out tasks (:func:`task_labels`)."""
+        return task_labels(self.inner, self.held_out)[1]
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-JSON form that :func:`config_from_dict` reads back to an equal config."""
         data = dataclasses.asdict(self)
         data["inner"] = [inner_to_dict(cfg) for cfg in self.inner]
+        data["held_out"] = [inner_to_dict(cfg) for cfg in self.held_out]
         return plain(data)
 
     def replace(self, **changes) -> ExperimentConfig:
@@ -379,13 +533,13 @@ def config_from_dict(data: dict[str, Any]) -> ExperimentConfig:
     for name, cls in sections.items():
         if name in data:
             kwargs[name] = build_table(cls, data.pop(name), name)
-    if "inner" in data:
-        inner = data.pop("inner")
-        entries = [inner] if isinstance(inner, dict) else inner
-        if not isinstance(entries, list):
-            raise ConfigError(f"inner: expected a table or a list of tables, got {inner!r}")
-        kwargs["inner"] = tuple(
-            build_inner(entry, f"inner[{i}]" if len(entries) > 1 else "inner")
-            for i, entry in enumerate(entries)
-        )
+    for table in ("inner", "held_out"):  # [[held_out]] tables are read as [[inner]] ones
+        if table in data:
+            value = data.pop(table)
+            entries = [value] if isinstance(value, dict) else value
+            if not isinstance(entries, list | tuple):
+                raise ConfigError(f"{table}: expected a table or a list of tables, got "
+                                  f"{value!r}")
+            kwargs[table] = tuple(build_inner(entry, _entry_path(table, i, len(entries)))
+                                  for i, entry in enumerate(entries))
     return build_table(ExperimentConfig, {**data, **kwargs}, "")

@@ -392,7 +392,7 @@ def distill_run(run_dir: str | Path, candidate: str = "mean", max_complexity: in
         "candidate": candidate,
         "meta_params_file": path.name,
         "recorded": {"seeds_per_inner": options.seeds, "seed": options.seed,
-                     "environments": [inner.env_id for inner in config.inner],
+                     "environments": list(config.task_labels),
                      "total_timesteps": options.total_timesteps, "inputs": int(count)},
         "samples": {"fit": int((~held_out).sum()), "held_out": int(held_out.sum())},
         "quantiles": {v: _quantiles(a) for v, a in inputs.items()},

@@ -1,11 +1,15 @@
 """Meta-test: train fresh agents with an evolved objective and with fixed baselines.
 
 Agents are trained from scratch on held-out seeds (a key stream separate from the one
-evolution used). Per environment, each objective's interquartile mean, median and mean get
-95% bootstrap intervals, and the evolved objective is judged against each baseline by the
-probability of improvement (paired: every objective trains on the same keys) and the rule of
-:func:`metarl.stats.verdict`. The full learning curves are kept so they can be plotted
-against the baselines.
+evolution used), on the run's training tasks (``[[inner]]``) and its held-out tasks
+(``[[held_out]]``, never trained on during evolution; marked "held out" in the record's
+``held_out_tasks`` and in the tables), each keyed by its task label
+(:attr:`metarl.evolve.config.ExperimentConfig.task_labels`: the ``env_id`` where no other
+task of the run shares it). Per environment, each objective's interquartile mean, median
+and mean get 95% bootstrap intervals, and the evolved objective is judged against each
+baseline by the probability of improvement (paired: every objective trains on the same
+keys) and the rule of :func:`metarl.stats.verdict`. The full learning curves are kept so
+they can be plotted against the baselines.
 """
 
 from __future__ import annotations
@@ -65,7 +69,8 @@ class ObjectiveResult:
 
     Attributes:
         objective: ``"evolved"`` or a baseline's registered name.
-        env_id: environment.
+        env_id: the task's label: its environment id, with its ``env_params`` where another
+            task of the run shares the id (:func:`metarl.evolve.config.task_labels`).
         returns: ``[S]`` score of each seed (the run's fitness metric).
         mean, ci_low, ci_high: mean over valid seeds and its 95% bootstrap interval
             (:func:`metarl.stats.aggregate`).
@@ -89,11 +94,12 @@ class ObjectiveResult:
 
 
 def evaluate_objective(objective, meta_params, inner, fitness: FitnessConfig,
-                       seeds: int, eval_seed: int, name: str, hypers=None
-                       ) -> ObjectiveResult:
+                       seeds: int, eval_seed: int, name: str, hypers=None,
+                       label: str | None = None) -> ObjectiveResult:
     """Train ``seeds`` agents of ``inner``'s algorithm with ``objective`` (one jitted vmap)
     and summarise them; ``hypers`` (the learner's ``Hyperparams``, shared by every seed)
-    replaces ``inner``'s hyperparameters, e.g. at a tuned setting."""
+    replaces ``inner``'s hyperparameters, e.g. at a tuned setting. ``label`` names the
+    task in the result (default ``inner.env_id``)."""
     learner = build_learner(inner, objective)
     keys = jax.random.split(jax.random.PRNGKey(eval_seed), seeds)
     # One jitted program per objective and [inner] table in a process (compiled once per
@@ -109,7 +115,7 @@ def evaluate_objective(objective, meta_params, inner, fitness: FitnessConfig,
     curves = np.asarray(metrics["episode_return"], np.float64)
     return ObjectiveResult(
         objective=name,
-        env_id=inner.env_id,
+        env_id=inner.env_id if label is None else label,
         returns=[float(r) for r in returns],
         mean=mean.value,
         ci_low=mean.low,
@@ -239,11 +245,20 @@ def evaluate_run(run_dir: str | Path, env_ids: list[str] | None = None, seeds: i
     :func:`metarl.figures.records.plot_across`) is written to ``plots/across_<n>.png``
     (``report["across_figure"]``).
 
+    The tasks are the run's training tasks and then its held-out tasks (``[[held_out]]``)
+    unless ``env_ids`` names others; each is keyed by its task label in the record (results,
+    statistics, tuning, ``across``, the spec's budgets), and the held-out ones are listed
+    in ``report["held_out_tasks"]`` (and the spec) and marked "(held out)" in the tables.
+    A run without held-out tasks is evaluated, and its record written, as before they
+    existed.
+
     Args:
         run_dir: the directory of an evolution run.
-        env_ids: environments (default: the run's own). An environment the run did not
-            train on uses the first ``[inner]`` settings with ``env_id`` changed and the
-            environment's default parameters (no ``env_params``).
+        env_ids: tasks (default: the run's training and held-out tasks). Each is a task
+            label of the run, or an ``env_id``: every task of the run with that id, or
+            for an environment the run has no task of, the first ``[inner]`` settings
+            with ``env_id`` changed and the environment's default parameters (no
+            ``env_params``).
         seeds: held-out seeds per objective and environment.
         baselines: registered fixed objectives (default: those the run's objective
             declares that fit the run's algorithm, :func:`default_baselines`).
@@ -305,19 +320,18 @@ def evaluate_run(run_dir: str | Path, env_ids: list[str] | None = None, seeds: i
     not_reported = _not_reported(config.objective.name, baselines, config.inner[0])
     formulas = {f"distilled {number}": distilled_objective(run_dir, number, which)
                 for number in dict.fromkeys(distilled)}
-    by_env = {inner.env_id: inner for inner in config.inner}
-    env_ids = env_ids or list(by_env)
-    inners = []
-    for env_id in env_ids:
-        inner = by_env.get(env_id) or config.inner[0].replace(env_id=env_id, env_params=())
-        if total_timesteps is not None:
-            inner = inner.replace(total_timesteps=total_timesteps)
-        inners.append(inner)
+    tasks = evaluation_tasks(config, env_ids)
+    if total_timesteps is not None:
+        tasks = {label: inner.replace(total_timesteps=total_timesteps)
+                 for label, inner in tasks.items()}
+    held_out = [label for label in tasks if label in config.held_out_labels]
+    inners = list(tasks.values())
     spec = {
-        "environments": list(env_ids),
+        "environments": list(tasks),
+        **({"held_out_tasks": held_out} if held_out else {}),
         "seeds": seeds,
         "eval_seed": eval_seed,
-        "total_timesteps": {inner.env_id: inner.total_timesteps for inner in inners},
+        "total_timesteps": {label: inner.total_timesteps for label, inner in tasks.items()},
         "meta_params": which,
         "meta_params_sha256": hashlib.sha256(meta_path.read_bytes()).hexdigest(),
         "baselines": list(baselines),
@@ -327,44 +341,45 @@ def evaluate_run(run_dir: str | Path, env_ids: list[str] | None = None, seeds: i
                     "final_fraction": config.fitness.final_fraction},
     }
     plans = _tuning_plans(tune, tune_seeds, tune_seed, tune_grid, eval_seed, config,
-                          baselines, inners, tune_by)
+                          baselines, tasks, tune_by)
     if tune:
         spec["tune"] = {"seeds": tune_seeds, "tune_seed": tune_seed, "by": tune_by,
-                        "grids": {env_id: {name: plan.grid for name, plan in env.items()}
-                                  for env_id, env in plans.items()}}
+                        "grids": {label: {name: plan.grid for name, plan in env.items()}
+                                  for label, env in plans.items()}}
     axis = check_across(across, inners, objective)
     if axis is not None:
         spec["across"] = {axis.name: list(axis.values)}
 
     def compute() -> dict[str, Any]:
         results, tuned, records = [], [], {}
-        for inner in inners:
+        for task, inner in tasks.items():
             rows = [evaluate_objective(objective, meta_params, inner, config.fitness,
-                                       seeds, eval_seed, EVOLVED)]
+                                       seeds, eval_seed, EVOLVED, label=task)]
             for name in baselines:
-                rows.append(_reused(baseline_cache, ("held out", name, inner, config, seeds,
-                                                     eval_seed),
-                                    lambda name=name, inner=inner: _evaluate_baseline(
-                                        name, inner, config.fitness, seeds, eval_seed)))
+                row = _reused(baseline_cache, ("held out", name, inner, config, seeds,
+                                               eval_seed),
+                              lambda name=name, inner=inner: _evaluate_baseline(
+                                  name, inner, config.fitness, seeds, eval_seed))
+                rows.append(dataclasses.replace(row, env_id=task))
             results += rows
             for label, table in formulas.items():
                 formula = make_objective(table["name"], **table["options"])
                 results.append(evaluate_objective(formula, formula.init(jax.random.PRNGKey(0)),
                                                   inner, config.fitness, seeds, eval_seed,
-                                                  label))
+                                                  label, label=task))
             if tune:
-                records[inner.env_id] = {}
-                for row, plan in zip(rows, plans[inner.env_id].values(), strict=True):
-                    def tune_it(plan=plan, row=row, inner=inner):
+                records[task] = {}
+                for row, plan in zip(rows, plans[task].values(), strict=True):
+                    def tune_it(plan=plan, row=row, inner=inner, task=task):
                         return _tune_and_evaluate(plan, row, objective, meta_params, inner,
                                                   config, seeds, eval_seed, tune_seeds,
-                                                  tune_seed, tune_by)
+                                                  tune_seed, tune_by, task)
                     record, tuned_row = (tune_it() if plan.objective == EVOLVED else _reused(
                         baseline_cache, ("tuned", dataclasses.asdict(plan), inner, config,
                                          seeds, eval_seed, tune_seeds, tune_seed, tune_by),
                         tune_it))
-                    records[inner.env_id][plan.objective] = record
-                    tuned.append(tuned_row)
+                    records[task][plan.objective] = record
+                    tuned.append(dataclasses.replace(tuned_row, env_id=task))
         results += tuned
         section = None
         if axis is not None:
@@ -372,7 +387,7 @@ def evaluate_run(run_dir: str | Path, env_ids: list[str] | None = None, seeds: i
                        "eval_seed": eval_seed, "metric": config.fitness.metric,
                        "environments": {}}
             mesh = _mesh(config)
-            for inner in inners:
+            for task, inner in tasks.items():
                 curves = {EVOLVED: evaluate_across(objective, meta_params, inner,
                                                    config.fitness, axis, seeds, eval_seed,
                                                    config.run.chunk_size, mesh)}
@@ -386,7 +401,7 @@ def evaluate_run(run_dir: str | Path, env_ids: list[str] | None = None, seeds: i
                     curves[name] = _reused(baseline_cache, ("across", name, inner, config,
                                                             axis.name, axis.values, seeds,
                                                             eval_seed), across_it)
-                section["environments"][inner.env_id] = curves
+                section["environments"][task] = curves
         try:
             generation = read_metrics(run_dir)[-1]["generation"]
         except (RunError, IndexError, KeyError):
@@ -398,6 +413,7 @@ def evaluate_run(run_dir: str | Path, env_ids: list[str] | None = None, seeds: i
             "metric": config.fitness.metric,
             "seeds": seeds,
             "eval_seed": eval_seed,
+            **({"held_out_tasks": held_out} if held_out else {}),
             "not_reported": not_reported,
             **({"tuning": {"seeds": tune_seeds, "tune_seed": tune_seed, "tune_by": tune_by,
                            "score": tuning.SCORES[tune_by],
@@ -412,6 +428,29 @@ def evaluate_run(run_dir: str | Path, env_ids: list[str] | None = None, seeds: i
     if report.get("across"):
         report["across_figure"] = str(save_across_figure(run_dir, report, config.name))
     return report
+
+
+def evaluation_tasks(config: ExperimentConfig, env_ids: Sequence[str] | None = None
+                     ) -> dict[str, Any]:
+    """``{task label: [inner] config}``: what :func:`evaluate_run` trains on. Without
+    ``env_ids``, the run's training tasks and then its held-out tasks; else for each name
+    (in order, each task once) the run's task of that label, or every task of the run with
+    that ``env_id``, or, for an environment the run has no task of, the first ``[inner]``
+    settings with ``env_id`` changed and no ``env_params``, labelled by the id."""
+    known = {**dict(zip(config.task_labels, config.inner, strict=True)),
+             **dict(zip(config.held_out_labels, config.held_out, strict=True))}
+    if not env_ids:
+        return known
+    tasks: dict[str, Any] = {}
+    for name in env_ids:
+        if name in known:
+            tasks.setdefault(name, known[name])
+            continue
+        matched = {label: inner for label, inner in known.items() if inner.env_id == name}
+        for label, inner in (matched or {name: config.inner[0].replace(
+                env_id=name, env_params=())}).items():
+            tasks.setdefault(label, inner)
+    return tasks
 
 
 def spec_with_tune_by(spec: Mapping[str, Any]) -> dict[str, Any]:
@@ -565,9 +604,10 @@ def _not_reported(objective_name: str, baselines: list[str], inner) -> dict[str,
 
 
 def _tuning_plans(tune, tune_seeds, tune_seed, tune_grid, eval_seed, config, baselines,
-                  inners, tune_by=DEFAULT_TUNE_BY) -> dict[str, dict[str, tuning.TuningPlan]]:
-    """``env_id -> {objective: plan}`` (the evolved objective first), checked before
-    anything trains; ``{}`` without ``tune``."""
+                  tasks, tune_by=DEFAULT_TUNE_BY) -> dict[str, dict[str, tuning.TuningPlan]]:
+    """``task label -> {objective: plan}`` (the evolved objective first) for ``tasks``
+    (``{label: [inner] config}``), checked before anything trains; ``{}`` without
+    ``tune``."""
     if not tune:
         given = [name for name, value, default in (
             ("tune_seeds", tune_seeds, tuning.DEFAULT_TUNE_SEEDS),
@@ -580,10 +620,10 @@ def _tuning_plans(tune, tune_seeds, tune_seed, tune_grid, eval_seed, config, bas
     tuning.check_tune_options(tune_seeds, tune_seed, eval_seed, config.run.seed, tune_by)
     overrides = tuning.check_overrides(tune_grid, baselines)
     plans = {}
-    for inner in inners:
+    for label, inner in tasks.items():
         baseline_plans = [tuning.objective_plan(name, inner, overrides) for name in baselines]
-        plans[inner.env_id] = {EVOLVED: tuning.evolved_plan(EVOLVED, baseline_plans),
-                               **{plan.objective: plan for plan in baseline_plans}}
+        plans[label] = {EVOLVED: tuning.evolved_plan(EVOLVED, baseline_plans),
+                        **{plan.objective: plan for plan in baseline_plans}}
     return plans
 
 
@@ -595,10 +635,11 @@ def _mesh(config):
 
 
 def _tune_and_evaluate(plan, default_row, objective, meta_params, inner, config, seeds,
-                       eval_seed, tune_seeds, tune_seed, tune_by):
+                       eval_seed, tune_seeds, tune_seed, tune_by, label=None):
     """Tune one objective on one environment, then train it on the held-out seeds at its
-    chosen setting: ``(tuning record, "<objective> (tuned)" row)``. A choice equal to the
-    default setting reuses ``default_row`` (the same keys and settings)."""
+    chosen setting: ``(tuning record, "<objective> (tuned)" row)``, the row labelled
+    ``label`` (default ``inner.env_id``). A choice equal to the default setting reuses
+    ``default_row`` (the same keys and settings)."""
     evolved = plan.objective == EVOLVED
     if not evolved:
         objective, meta_params = make_objective(plan.objective), None
@@ -617,7 +658,7 @@ def _tune_and_evaluate(plan, default_row, objective, meta_params, inner, config,
     if not evolved:
         meta_params = objective.init(jax.random.PRNGKey(0))
     return record, evaluate_objective(objective, meta_params, inner, config.fitness, seeds,
-                                      eval_seed, name, hypers=hypers)
+                                      eval_seed, name, hypers=hypers, label=label)
 
 
 def format_report(report: dict[str, Any]) -> str:
@@ -653,8 +694,14 @@ def format_table(report: dict[str, Any]) -> str:
     """Plain-text tables of an evaluation: per environment and objective the IQM, median and
     mean of the held-out scores with 95% intervals; then each comparison of the evolved
     objective with a baseline, its P(improvement), interval and verdict. A record saved
-    without ``statistics`` (an older version's) gets them computed from its returns."""
+    without ``statistics`` (an older version's) gets them computed from its returns. The
+    run's held-out tasks (``held_out_tasks``) are marked "(held out)"."""
     statistics = report.get("statistics") or environment_statistics(report["results"])
+    held_out = set(report.get("held_out_tasks") or ())
+
+    def task(label: str) -> str:
+        return f"{label} (held out)" if label in held_out else label
+
     environments = statistics["environments"]
     metric = report.get("metric", "score")
     rows = [("environment", "objective", f"{metric} IQM", "95% CI", "median", "95% CI",
@@ -666,14 +713,15 @@ def format_table(report: dict[str, Any]) -> str:
         for name in AGGREGATES:
             e = estimates.get(name, {"value": np.nan, "low": np.nan, "high": np.nan})
             cells += [f"{e['value']:.2f}", f"[{e['low']:.2f}, {e['high']:.2f}]"]
-        rows.append((r["env_id"], r["objective"], *cells, str(r.get("invalid", 0))))
+        rows.append((task(r["env_id"]), r["objective"], *cells, str(r.get("invalid", 0))))
     blocks = [text_table(rows)]
     found = [(env_id, c) for env_id, data in environments.items()
              for c in data.get("comparisons", [])]
     if found:
         rows = [("environment", "objective", "vs baseline", "P(improvement)", "95% CI",
                  "paired", "verdict")]
-        rows += [(env_id, c["evolved"], c["baseline"], f"{c['probability_of_improvement']:.2f}",
+        rows += [(task(env_id), c["evolved"], c["baseline"],
+                  f"{c['probability_of_improvement']:.2f}",
                   f"[{c['low']:.2f}, {c['high']:.2f}]", "yes" if c["paired"] else "no",
                   c["verdict"]) for env_id, c in found]
         blocks.append(text_table(rows) + "\nverdict: better / worse when the 95% interval of "

@@ -7,12 +7,29 @@ exposes pure functions of :class:`EvolutionState`:
 - ``generation(state) -> (state, metrics)``: one whole generation, compiled once
   (``evolution.step`` is its ``jax.jit``); it is ``ask -> score -> tell``:
 - ``ask(state) -> Asked``: the candidates ``[C]`` and the keys of their runs;
-- ``score(population, run_keys) -> Scores``: train them (``[C, S, E]`` returns);
+- ``sample_tasks(generation) -> [K] | None``: with ``fitness.tasks_per_generation = K``
+  below the ``E`` ``[[inner]]`` tasks, the tasks this generation trains;
+- ``score(population, run_keys, baselines, tasks) -> Scores``: train them (``[C, S, E]``
+  returns, ``[C, S, K]`` with sampled tasks);
 - ``tell(state, asked, scores) -> (state, metrics)``: fitness, the strategy's update.
 
 :mod:`metarl.evolve.replicated` maps ``ask`` and ``tell`` over ``N`` stacked states and
 scores all ``N * C`` candidates in one call. Users think in returns (higher is better);
 evosax minimises, so the sign is flipped exactly once, in :meth:`Evolution.tell`.
+
+**Sampled tasks** (``fitness.tasks_per_generation = K < E``). Generation ``g`` draws ``K``
+distinct task indices, uniformly without replacement (the first ``K`` of a random
+permutation of ``0 .. E-1``, sorted), from the key ``fold_in(fold_in(PRNGKey(task_seed),
+TASK_STREAM), g)`` (``task_seed``: ``fitness.task_seed``, else ``run.seed``): a function
+of the seed and the generation number alone, so a resumed run draws what the uninterrupted
+one drew, and the draws use none of the evolution's own key stream. Each drawn task trains
+on the keys it would have had were every task trained (the ask splits one key per task as
+always). Inside the jitted generation the ``K`` drawn tasks train one after the other
+(``lax.map``), each by a ``lax.switch`` over the ``E`` learners with an index that is the
+same for every evolution run together, so that only the drawn task's training runs: under
+``vmap`` a batched index would turn the switch into a select that trains every task.
+Evolutions run together (:mod:`metarl.evolve.replicated`) therefore see the same task
+sequence, their seeds' configs all naming the base seed as ``fitness.task_seed``.
 """
 
 from __future__ import annotations
@@ -52,6 +69,10 @@ from metarl.evolve.truncation import (
 )
 from metarl.programs import program_key, shared_program
 from metarl.sharding import population_mesh, put_replicated, replicate
+
+# folded into PRNGKey(task_seed) to start the stream of the tasks drawn per generation
+# (fitness.tasks_per_generation): the key of generation g is fold_in(that, g)
+TASK_STREAM = 0x7461_736B
 
 
 def make_strategy(config: ESConfig, template: Any):
@@ -131,12 +152,17 @@ class Scores:
             ``[E, C, S]`` values the runs trained with; empty otherwise.
         reached: with ``es.rungs > 1``, ``[C]`` the last rung each candidate trained in
             (its returns are its scores there; :mod:`metarl.evolve.rungs`); else ``None``.
+        tasks: with ``fitness.tasks_per_generation = K < E``, ``[K]`` the indices of the
+            ``[[inner]]`` tasks that trained (sorted); the returns, validity and
+            hyperparameters then have ``K`` where they have ``E`` above. ``None`` when
+            every task trained.
     """
 
     returns: jax.Array
     valid: jax.Array
     hyperparameters: dict
     reached: jax.Array | None = None
+    tasks: jax.Array | None = None
 
 
 class Evolution:
@@ -144,7 +170,8 @@ class Evolution:
 
     The inner loops are the :class:`~inner_loops.learner.Learner` s of ``config.inner``
     (any registered algorithm), trained with the evolved objective; only their ``train``
-    and the contract's metrics are used here.
+    and the contract's metrics are used here. The learners of ``config.held_out`` are
+    built too, to check those entries as ``[[inner]]`` ones are, and never trained.
 
     ``mesh`` (a :class:`jax.sharding.Mesh`, e.g. :func:`metarl.sharding.population_mesh`)
     shards each generation's ``C * S`` training runs over its devices; by default a mesh
@@ -170,6 +197,9 @@ class Evolution:
         self.strategy, self.es_params = make_strategy(config.es, self.template)
         self.learners = [build_learner(inner, self.objective, _inner_path(config, i))
                          for i, inner in enumerate(config.inner)]
+        for index, inner in enumerate(config.held_out):  # checked as [[inner]]; not trained
+            build_learner(inner, self.objective, f"held_out[{index}]"
+                          if len(config.held_out) > 1 else "held_out")
         # before anything is allocated: a population of replay buffers can outgrow memory
         runs = config.es.population_size * config.fitness.seeds_per_candidate
         for learner in self.learners:
@@ -181,21 +211,27 @@ class Evolution:
         self.truncation_updates = (truncation_updates(self.learners, config.es.truncations)
                                    if config.es.truncations > 1 else None)
         # one traced and compiled step for every Evolution of an equal config in a process
-        self.step = shared_program(program_key(config, "generation", mesh),
+        # (held-out tasks never enter the generation)
+        self.step = shared_program(program_key(config.replace(held_out=()), "generation", mesh),
                                    lambda: jax.jit(self.generation))
 
     @property
     def agent_steps_per_generation(self) -> int:
-        """Environment steps one generation trains (fewer with ``es.rungs > 1``)."""
+        """Environment steps one generation trains (fewer with ``es.rungs > 1``; with
+        sampled tasks ``K`` times the mean over the ``E`` tasks, exact when their budgets
+        are equal)."""
         cfg = self.config
         if self.truncation_updates is not None:  # one truncation of every agent
             return agent_steps(cfg.es.population_size, cfg.fitness.seeds_per_candidate,
                                self.truncation_updates,
                                [learner.steps_per_update for learner in self.learners], 1, 1)
-        return agent_steps(cfg.es.population_size, cfg.fitness.seeds_per_candidate,
-                           [learner.num_updates for learner in self.learners],
-                           [learner.steps_per_update for learner in self.learners],
-                           cfg.es.rungs, cfg.es.eta)
+        steps = agent_steps(cfg.es.population_size, cfg.fitness.seeds_per_candidate,
+                            [learner.num_updates for learner in self.learners],
+                            [learner.steps_per_update for learner in self.learners],
+                            cfg.es.rungs, cfg.es.eta)
+        if cfg.samples_tasks:
+            return round(steps * cfg.tasks_per_generation / len(self.learners))
+        return steps
 
     def init(self, key: jax.Array | None = None, baselines=None) -> EvolutionState:
         """Initial state; the search starts at the objective's own initialisation."""
@@ -239,16 +275,35 @@ class Evolution:
         metrics hold ``hyperparameters``: per ranged field the ``[E, 2]`` smallest and
         largest value drawn on each environment.
 
+        With ``fitness.tasks_per_generation = K < E`` only the ``K`` tasks of
+        :meth:`sample_tasks` train, and the metrics hold ``tasks`` (``[K]``), with
+        ``returns`` ``[C, K]`` and the hyperparameters' ``[K, 2]`` of those tasks.
+
         With ``es.truncations > 1`` a generation is one truncation
         (:meth:`truncated_generation`)."""
         if self.truncation_updates is not None:
             return self.truncated_generation(state)
+        tasks = self.sample_tasks(state.generation)
         asked = self.ask(state)
-        scores = self.score(asked.population, asked.run_keys, state.baselines[None])
+        scores = self.score(asked.population, asked.run_keys, state.baselines[None], tasks)
         state, metrics = self.tell(state, asked, scores)
         if self.mesh is not None:  # every process of a multi-host run can read the results
             state, metrics = replicate((state, metrics), self.mesh)
         return state, metrics
+
+    def sample_tasks(self, generation: jax.Array) -> jax.Array | None:
+        """``[K]`` int32: the indices (sorted) of the ``[[inner]]`` tasks that generation
+        ``generation`` (``[]``, the generations completed before it) trains, drawn
+        uniformly without replacement from the task stream (module docstring); ``None``
+        when every task trains (``fitness.tasks_per_generation`` unset or ``E``). Pure;
+        call it with an index that is the same for every evolution run together."""
+        cfg = self.config
+        if not cfg.samples_tasks:
+            return None
+        stream = jax.random.fold_in(jax.random.PRNGKey(cfg.task_seed), TASK_STREAM)
+        key = jax.random.fold_in(stream, generation)
+        drawn = jax.random.permutation(key, len(self.learners))[:cfg.tasks_per_generation]
+        return jnp.sort(drawn).astype(jnp.int32)
 
     def ask(self, state: EvolutionState) -> Asked:
         """The generation's ``C`` candidates and the keys of their training runs (the
@@ -270,7 +325,8 @@ class Evolution:
         return Asked(population=population, es_state=es_state, key=key, tell_key=tell_key,
                      run_keys=jnp.stack(run_keys))
 
-    def score(self, population, run_keys: jax.Array, baselines: jax.Array) -> Scores:
+    def score(self, population, run_keys: jax.Array, baselines: jax.Array,
+              tasks: jax.Array | None = None) -> Scores:
         """Train every candidate of ``population`` (leading axis ``[P]``) on its keys
         ``run_keys [E, P, S, 2]`` with each environment's learner, all ``P * S`` runs of an
         environment in one call of :func:`~metarl.evolve.fitness.evaluate_candidates`
@@ -278,8 +334,13 @@ class Evolution:
         ``N`` evolved together (evolution-major), with ``baselines [N, E]``. Without rungs
         every run depends on its own candidate and key only; with ``es.rungs > 1`` the
         candidates of each evolution train in rungs and compete within it
-        (:func:`metarl.evolve.rungs.train_in_rungs`, which reads the baselines)."""
+        (:func:`metarl.evolve.rungs.train_in_rungs`, which reads the baselines).
+
+        With ``tasks`` (``[K]``, :meth:`sample_tasks`; not batched) only those tasks
+        train, on their own keys ``run_keys[tasks]`` (:meth:`score_tasks`)."""
         cfg = self.config
+        if tasks is not None:
+            return self.score_tasks(population, run_keys, tasks)
         hypers = self._hypers(run_keys)
         ranged = {name: jnp.stack([getattr(h, name) for h in hypers])
                   for name in cfg.fitness.hyperparameter_ranges}
@@ -299,6 +360,35 @@ class Evolution:
             valid.append(env_valid)
         return Scores(returns=jnp.stack(returns, axis=-1), valid=jnp.stack(valid, axis=-1),
                       hyperparameters=ranged)
+
+    def score_tasks(self, population, run_keys: jax.Array, tasks: jax.Array) -> Scores:
+        """Train every candidate of ``population`` (``[P]``) on the ``K`` tasks ``tasks``
+        only (``[K]`` int32, the same for every evolution of ``population``): the tasks one
+        after the other (``lax.map``), each by a ``lax.switch`` over the ``E`` learners, so
+        one task's training runs per slot and the program holds each learner once.
+
+        Returns :class:`Scores` with ``returns`` and ``valid`` ``[P, S, K]``,
+        ``hyperparameters`` ``[K, P, S]`` per ranged field and ``tasks``."""
+        cfg = self.config
+        names = tuple(cfg.fitness.hyperparameter_ranges)
+
+        def branch(learner):
+            def train(keys):  # [P, S, 2] -> [P, S], [P, S], {name: [P, S]}
+                hypers = draw_hyperparameters(keys, learner.default_hypers, cfg.fitness)
+                returns, valid, _ = evaluate_candidates(
+                    learner.train, population, keys, hypers, cfg.fitness,
+                    cfg.run.chunk_size, self.mesh)
+                ranged = {name: jnp.asarray(getattr(hypers, name), jnp.float32)
+                          for name in names}
+                return returns.astype(jnp.float32), valid, ranged
+            return train
+
+        branches = [branch(learner) for learner in self.learners]
+        returns, valid, ranged = jax.lax.map(
+            lambda slot: jax.lax.switch(slot[0], branches, slot[1]),
+            (tasks, run_keys[tasks]))
+        return Scores(returns=jnp.moveaxis(returns, 0, -1), valid=jnp.moveaxis(valid, 0, -1),
+                      hyperparameters=ranged, tasks=tasks)
 
     def _hypers(self, run_keys: jax.Array) -> list:
         """Per environment the hyperparameters of the runs of ``run_keys [E, P, S, 2]``
@@ -370,10 +460,15 @@ class Evolution:
         """Fitness from ``scores`` (``[C, S, E]``), the strategy's update, the best so
         far: the next state and the generation's metrics. Pure; ``vmap`` it over states.
 
+        With sampled tasks (``scores.tasks``, ``[K]``) the returns are ``[C, S, K]``, each
+        normalised by its own task's baseline, and the metrics add ``tasks``.
+
         Users think in returns (higher is better); evosax minimises, so the sign is flipped
         here, once."""
         returns, valid = scores.returns, scores.valid
-        fitness, candidate_valid = combine_fitness(returns, valid, state.baselines)
+        baselines = (state.baselines if scores.tasks is None
+                     else state.baselines[scores.tasks])
+        fitness, candidate_valid = combine_fitness(returns, valid, baselines)
         if scores.reached is not None:
             fitness = rank_below_survivors(fitness, scores.reached, self.config.es.rungs)
         population = asked.population
@@ -401,6 +496,8 @@ class Evolution:
         }
         if scores.reached is not None:
             metrics["rung_reached"] = scores.reached
+        if scores.tasks is not None:
+            metrics["tasks"] = scores.tasks
         if scores.hyperparameters:  # [E, 2]: the smallest and largest value drawn
             metrics["hyperparameters"] = {
                 name: jnp.stack([jnp.min(values, axis=(1, 2)), jnp.max(values, axis=(1, 2))],

@@ -126,7 +126,13 @@ class EvolveProgram:
         ``es.truncations > 1`` (:mod:`metarl.evolve.truncation`) a line is one truncation:
         the fitness and returns are the truncation's, ``truncation`` says which, and
         ``unroll_fitness`` the population's mean fitness per truncation over the unroll it
-        ended (``null`` mid-unroll); ``best_fitness_so_far`` is the best unroll's."""
+        ended (``null`` mid-unroll); ``best_fitness_so_far`` is the best unroll's.
+
+        Environments are keyed by their task labels
+        (:attr:`~metarl.evolve.config.ExperimentConfig.task_labels`: the ``env_id`` where no
+        other task shares it). With ``fitness.tasks_per_generation`` below the number of
+        tasks, ``tasks`` lists the indices (into ``[[inner]]``) of the tasks the generation
+        trained, and ``mean_return`` and ``hyperparameters`` hold those tasks only."""
         metrics = jax.device_get(record["metrics"])
         fitness = np.asarray(metrics["fitness"], np.float64)
         drawn = metrics.get("hyperparameters") or {}
@@ -140,6 +146,11 @@ class EvolveProgram:
         def stat(fn):
             return float(fn(good)) if good.size else math.nan
 
+        labels = self.config.task_labels
+        sampled = metrics.get("tasks")
+        trained = (list(range(len(labels))) if sampled is None  # the tasks of each column
+                   else [int(task) for task in sampled])
+
         return {
             "generation": generation,
             "fitness": [float(f) for f in fitness],
@@ -150,10 +161,11 @@ class EvolveProgram:
             "best_fitness_so_far": float(record["best_fitness_so_far"]),
             "invalid_candidates": int((~valid).sum()),
             "invalid_runs": int(metrics["invalid_runs"]),
+            **({"tasks": trained} if sampled is not None else {}),
             "mean_return": {
-                inner.env_id: (float(np.nanmean(metrics["returns"][full, e])) if full.any()
+                labels[task]: (float(np.nanmean(metrics["returns"][full, e])) if full.any()
                                else None)
-                for e, inner in enumerate(self.config.inner)
+                for e, task in enumerate(trained)
             },
             **({"rung_reached": [int(r) for r in reached]} if reached is not None else {}),
             **({"truncation": int(metrics["truncation"]),
@@ -161,8 +173,8 @@ class EvolveProgram:
                if "truncation" in metrics else {}),
             "devices": num_shards(self.mesh),
             **({"hyperparameters": {  # fitness.hyperparameter_ranges: [min, max] drawn
-                name: {inner.env_id: [float(v) for v in values[e]]
-                       for e, inner in enumerate(self.config.inner)}
+                name: {labels[task]: [float(v) for v in values[e]]
+                       for e, task in enumerate(trained)}
                 for name, values in drawn.items()}} if drawn else {}),
         }
 

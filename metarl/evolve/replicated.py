@@ -92,15 +92,19 @@ def seed_config(config: ExperimentConfig, index: int, baselines=None) -> Experim
     """Evolution seed ``index``'s own config: ``config`` with ``run.seed`` raised by
     ``index`` and ``es.evolution_seeds = 1``; with ``baselines`` (``[E]`` returns measured
     once for every seed) also ``fitness.baseline_returns = baselines`` and
-    ``tune_baseline`` off."""
-    seeded = config.replace(
-        run=dataclasses.replace(config.run, seed=config.run.seed + index),
-        es=dataclasses.replace(config.es, evolution_seeds=1))
+    ``tune_baseline`` off. With sampled tasks (``fitness.tasks_per_generation`` below the
+    number of tasks) and no ``fitness.task_seed``, ``task_seed`` is set to ``config``'s
+    ``run.seed``: every seed draws the same task sequence, jointly or alone."""
+    fitness = config.fitness
+    if config.samples_tasks and fitness.task_seed is None:
+        fitness = dataclasses.replace(fitness, task_seed=config.run.seed)
     if baselines is not None:
-        seeded = seeded.replace(fitness=dataclasses.replace(
-            config.fitness, baseline_returns=tuple(float(b) for b in baselines),
-            tune_baseline=False))
-    return seeded
+        fitness = dataclasses.replace(
+            fitness, baseline_returns=tuple(float(b) for b in baselines),
+            tune_baseline=False)
+    return config.replace(
+        run=dataclasses.replace(config.run, seed=config.run.seed + index),
+        es=dataclasses.replace(config.es, evolution_seeds=1), fitness=fitness)
 
 
 class ReplicatedEvolution:
@@ -120,7 +124,8 @@ class ReplicatedEvolution:
         for learner in self.evolution.learners:  # the joint population, before allocating
             check_population_memory(learner, runs, cfg.run.chunk_size,
                                     1 if self.mesh is None else self.mesh.devices.size)
-        self.step = shared_program(program_key(cfg, "replicated", count, self.mesh),
+        self.step = shared_program(program_key(cfg.replace(held_out=()), "replicated", count,
+                                               self.mesh),
                                    lambda: jax.jit(self.generation))
         # one small program each, rather than one per leaf and seed
         self._stack = jax.jit(lambda states: jax.tree.map(lambda *leaves: jnp.stack(leaves),
@@ -146,7 +151,13 @@ class ReplicatedEvolution:
         environments. The asks give ``[N, C]`` candidates and ``[N, E, C, S, 2]`` keys,
         trained as ``N * C`` candidates (``[E, N*C, S, 2]`` keys) by
         :meth:`Evolution.score`; its ``[N*C, S, E]`` returns are told back as
-        ``[N, C, S, E]``."""
+        ``[N, C, S, E]``.
+
+        With sampled tasks (``fitness.tasks_per_generation = K < E``) every seed trains
+        the ``K`` tasks that seed 0's generation draws (:meth:`Evolution.sample_tasks`, not
+        batched, so that only those tasks train): the seeds must be at the same generation
+        (:meth:`ReplicatedProgram.combine` checks it), and share the task stream
+        (:func:`seed_config`), so these are each seed's own tasks."""
         evolution, count = self.evolution, self.count
         asked = jax.vmap(evolution.ask)(states)
         candidates = asked.run_keys.shape[2]
@@ -154,7 +165,8 @@ class ReplicatedEvolution:
                                   asked.population)
         run_keys = _joint_keys(asked.run_keys)
         if evolution.truncation_updates is None:
-            scores = evolution.score(population, run_keys, states.baselines)
+            tasks = evolution.sample_tasks(states.generation[0])
+            scores = evolution.score(population, run_keys, states.baselines, tasks)
             states, metrics = jax.vmap(evolution.tell)(states, asked,
                                                        _per_seed(scores, count, candidates))
         else:  # truncated evolution: the N evolutions' carried agents train as one
@@ -185,7 +197,9 @@ def _per_seed(scores, count: int, candidates: int):
         hyperparameters={  # [E, N*C, S] -> [N, E, C, S]
             name: jnp.swapaxes(values.reshape(values.shape[0], count, candidates,
                                               values.shape[-1]), 0, 1)
-            for name, values in scores.hyperparameters.items()})
+            for name, values in scores.hyperparameters.items()},
+        tasks=None if scores.tasks is None else jnp.broadcast_to(  # [K] -> [N, K]
+            scores.tasks, (count, *scores.tasks.shape)))
 
 
 def _joint_agents(stacked):
@@ -215,6 +229,16 @@ class ReplicatedProgram:
         self.agent_steps_per_step = count * self.replicated.evolution.agent_steps_per_generation
 
     def combine(self, states: list[EvolutionState]) -> EvolutionState:
+        """The seeds' states stacked. With sampled tasks they must be at one generation
+        (every seed trains the tasks of the same generation number; a
+        :class:`~metarl.runs.layout.RunError` otherwise, which :func:`resume_replicated`
+        avoids by continuing such seeds one after the other)."""
+        if self.replicated.evolution.config.samples_tasks:
+            generations = sorted({int(state.generation) for state in states})
+            if len(generations) > 1:
+                raise RunError(f"seeds at generations {generations} cannot train jointly "
+                               "with fitness.tasks_per_generation: each generation's tasks "
+                               "are drawn once for every seed")
         return self.replicated.stack(states)
 
     def step(self, states: EvolutionState) -> tuple[EvolutionState, dict[str, Any]]:
@@ -390,13 +414,19 @@ def resume_replicated(run_dir: str | Path, generations: int | None = None,
             members.append(_new_seed(parent, seed_dir.name, seeded, stack, command, mesh,
                                      tuning))
         differing = _joinable([member.program.config for member in members])
+        reached = sorted({int(member.state.generation) for member in members})
         joint = None
-        if not differing:
-            joint = ReplicatedProgram(members[0].program.config, len(members), mesh)
-            runs = engine.train_jointly(RUN_KIND, joint, members, config.name)
-        else:
+        if differing:
             notify(f"the seeds of {parent} no longer share one config "
                    f"({format_changes(differing[:3])}): continuing them one after the other")
+        elif members[0].program.config.samples_tasks and len(reached) > 1:
+            notify(f"the seeds of {parent} are at generations {reached} and sample "
+                   "their tasks per generation (fitness.tasks_per_generation), which one "
+                   "joint step draws for all: continuing them one after the other")
+        else:
+            joint = ReplicatedProgram(members[0].program.config, len(members), mesh)
+            runs = engine.train_jointly(RUN_KIND, joint, members, config.name)
+        if joint is None:
             runs = [engine.train_member(RUN_KIND, member) for member in members]
     return ReplicatedRun(parent, config, runs, joint)
 
@@ -438,6 +468,8 @@ def evaluate_replicated(run_dir: str | Path, rerun: bool = False, **options
             "metric": reports[0].get("metric"),
             "seeds": reports[0].get("seeds"),
             "eval_seed": reports[0].get("eval_seed"),
+            **({"held_out_tasks": reports[0]["held_out_tasks"]}
+               if reports[0].get("held_out_tasks") else {}),
             "verdicts": [dataclasses.asdict(v) for v in found],
             "pooled": [{"env_id": p.env_id, "evolved": p.evolved, "baseline": p.baseline,
                         "counts": p.counts, "evolution_seeds": p.runs,
@@ -458,9 +490,14 @@ def format_replicated_evaluation(report: dict[str, Any]) -> str:
     def interval(estimate: dict[str, float]) -> str:
         return f"{estimate['value']:.2f} [{estimate['low']:.2f}, {estimate['high']:.2f}]"
 
+    held_out = set(report.get("held_out_tasks") or ())
+
+    def task(label: str) -> str:
+        return f"{label} (held out)" if label in held_out else label
+
     rows = [("seed", "environment", "objective", "vs baseline", "P(improvement)",
              "verdict")]
-    rows += [(v["run"], v["env_id"], v["evolved"], v["baseline"],
+    rows += [(v["run"], task(v["env_id"]), v["evolved"], v["baseline"],
               f"{v['probability']:.2f} [{v['low']:.2f}, {v['high']:.2f}]", v["outcome"])
              for v in report["verdicts"]]
     blocks = [f"{len(report['replicates'])} evolution seeds, each evaluated on the same "
@@ -468,7 +505,7 @@ def format_replicated_evaluation(report: dict[str, Any]) -> str:
               "every seed's own table is in its evaluations/\n" + text_table(rows)]
     rows = [("environment", "objective", "vs baseline", *OUTCOMES, "IQM objective",
              "IQM baseline", "P(improvement)", "verdict (all seeds)")]
-    rows += [(p["env_id"], p["evolved"], p["baseline"],
+    rows += [(task(p["env_id"]), p["evolved"], p["baseline"],
               *(str(p["counts"][o]) for o in OUTCOMES), interval(p["evolved_iqm"]),
               interval(p["baseline_iqm"]), interval(p["probability_of_improvement"]),
               p["verdict"]) for p in report["pooled"]]

@@ -372,11 +372,13 @@ def tuned_fitness_baselines(config, seed: int, mesh=None
     whatever an evaluation's ``tune_by``: the fitness divides by that mean, and runs made
     before ``tune_by`` existed normalise the same way.
 
-    Returns ``(returns [E], {env_id: tuning record})``. An algorithm with no knob to search
-    is measured at its default setting (the record's ``settings`` hold that one)."""
+    Returns ``(returns [E], {task label: tuning record})`` (the labels of
+    :attr:`~metarl.evolve.config.ExperimentConfig.task_labels`). An algorithm with no knob
+    to search is measured at its default setting (the record's ``settings`` hold that
+    one)."""
     values, records = [], {}
     seeds = config.fitness.baseline_seeds
-    for inner in config.inner:
+    for label, inner in zip(config.task_labels, config.inner, strict=True):
         plan, objective = default_losses_plan(inner)
         if not plan.knobs:  # nothing to search: the default setting, as a grid of one
             field = build_learner(inner, objective).default_hypers._fields[0]
@@ -387,12 +389,12 @@ def tuned_fitness_baselines(config, seed: int, mesh=None
                                 chunk_size=config.run.chunk_size, mesh=mesh, tune_by="mean")
         best = record["settings"][record["chosen_index"]]
         if not np.isfinite(best["mean"]) or best["invalid"] == seeds:
-            raise RuntimeError(f"tuned baseline on {inner.env_id} produced no finite return")
+            raise RuntimeError(f"tuned baseline on {label} produced no finite return")
         if best["mean"] == 0:
-            raise RuntimeError(f"the tuned baseline on {inner.env_id} returns exactly 0; "
+            raise RuntimeError(f"the tuned baseline on {label} returns exactly 0; "
                                "cannot normalise")
         values.append(float(best["mean"]))
-        records[inner.env_id] = record
+        records[label] = record
     return values, records
 
 
