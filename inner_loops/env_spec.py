@@ -106,6 +106,17 @@ def with_overrides(env_id: str, params: Any, pairs: EnvParamPairs) -> Any:
     return params.replace(**changes)
 
 
-def select_reset(done: jax.Array, fresh: Any, continued: Any) -> Any:
-    """``fresh`` where the episode ended (``done``, a scalar), else ``continued``."""
-    return jax.tree.map(lambda a, b: jnp.where(done, a, b), fresh, continued)
+def auto_reset(fresh: Any, final_obs: jax.Array, next_state: Any, reward: jax.Array,
+               terminated: jax.Array, truncated: jax.Array) -> EnvStep:
+    """One step's :class:`EnvStep`, episodes reset automatically.
+
+    Where the episode ended (``terminated`` or ``truncated``, ``[]`` bools) the next
+    observation and state are ``fresh``'s, a new episode's ``(obs, state)``; elsewhere
+    they are ``final_obs`` (``[obs]``, what the step reached, kept in the result for
+    bootstrapping) and ``next_state``. ``reward`` becomes ``[]`` float32.
+    """
+    ended = jnp.logical_or(terminated, truncated)
+    obs, state = jax.tree.map(lambda a, b: jnp.where(ended, a, b), fresh,
+                              (final_obs, next_state))
+    return EnvStep(obs, state, jnp.asarray(reward, jnp.float32), terminated, truncated,
+                   final_obs)

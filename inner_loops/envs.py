@@ -51,8 +51,8 @@ from inner_loops.env_spec import (
     EnvParamPairs,
     EnvSpec,
     EnvStep,
+    auto_reset,
     integer_param,
-    select_reset,
     with_overrides,
 )
 from inner_loops.validation import check_finite
@@ -207,10 +207,8 @@ def _cached_gymnax_env(env_id: str, env_params: EnvParamPairs = ()) -> Env:
         terminated = terminated.astype(jnp.bool_)
         truncated = jnp.logical_and(env.is_truncated(next_state, params),
                                     jnp.logical_not(terminated))
-        final_obs = final_obs.astype(jnp.float32)
-        obs, state = select_reset(jnp.logical_or(terminated, truncated), fresh,
-                                   (final_obs, next_state))
-        return EnvStep(obs, state, reward.astype(jnp.float32), terminated, truncated, final_obs)
+        return auto_reset(fresh, final_obs.astype(jnp.float32), next_state, reward,
+                          terminated, truncated)
 
     return Env(spec, reset, step)
 
@@ -253,10 +251,8 @@ def _cached_brax_env(env_id: str, env_params: EnvParamPairs = ()) -> Env:
         steps = state.steps + 1
         terminated = next_state.done > 0.5
         truncated = jnp.logical_and(steps >= episode_length, jnp.logical_not(terminated))
-        done = jnp.logical_or(terminated, truncated)
-        obs, state = select_reset(done, fresh,
-                                   (next_state.obs, BraxState(next_state, steps)))
-        return EnvStep(obs, state, next_state.reward, terminated, truncated, next_state.obs)
+        return auto_reset(fresh, next_state.obs, BraxState(next_state, steps),
+                          next_state.reward, terminated, truncated)
 
     return Env(spec, reset, step)
 

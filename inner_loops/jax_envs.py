@@ -59,9 +59,8 @@ from inner_loops.env_spec import (
     Env,
     EnvParamPairs,
     EnvSpec,
-    EnvStep,
+    auto_reset,
     integer_param,
-    select_reset,
     with_overrides,
 )
 
@@ -215,10 +214,8 @@ def make_xminigrid_env(env_id: str, env_params: EnvParamPairs = ()) -> Env:
         ended = timestep.last()
         terminated = jnp.logical_and(ended, timestep.discount == 0.0)
         truncated = jnp.logical_and(ended, jnp.logical_not(terminated))
-        final_obs = observe(timestep.observation)
-        obs, state = select_reset(ended, fresh, (final_obs, timestep))
-        return EnvStep(obs, state, timestep.reward.astype(jnp.float32), terminated, truncated,
-                       final_obs)
+        return auto_reset(fresh, observe(timestep.observation), timestep, timestep.reward,
+                          terminated, truncated)
 
     return Env(spec, reset, step)
 
@@ -347,10 +344,8 @@ def make_craftax_env(env_id: str, env_params: EnvParamPairs = ()) -> Env:
         final_obs, next_state, reward, done, _ = env.step_env(key, state, action, params)
         terminated = jnp.asarray(env.is_terminal(next_state, no_limit), jnp.bool_)
         truncated = jnp.logical_and(done, jnp.logical_not(terminated))
-        final_obs = final_obs.astype(jnp.float32)
-        obs, state = select_reset(done, fresh, (final_obs, next_state))
-        return EnvStep(obs, state, jnp.asarray(reward, jnp.float32), terminated, truncated,
-                       final_obs)
+        return auto_reset(fresh, final_obs.astype(jnp.float32), next_state, reward,
+                          terminated, truncated)
 
     return Env(spec, reset, step)
 
@@ -402,11 +397,8 @@ def make_navix_env(env_id: str, env_params: EnvParamPairs = ()) -> Env:
         timestep = env._step(state, action)
         terminated = timestep.is_termination()
         truncated = timestep.is_truncation()
-        final_obs = observe(timestep.observation)
-        obs, state = select_reset(jnp.logical_or(terminated, truncated), fresh,
-                                  (final_obs, timestep))
-        return EnvStep(obs, state, jnp.asarray(timestep.reward, jnp.float32), terminated,
-                       truncated, final_obs)
+        return auto_reset(fresh, observe(timestep.observation), timestep, timestep.reward,
+                          terminated, truncated)
 
     return Env(spec, reset, step)
 
@@ -474,10 +466,7 @@ def make_jumanji_env(env_id: str, env_params: EnvParamPairs = ()) -> Env:
         terminated = timestep.last()
         truncated = jnp.logical_and(next_state.step_count >= time_limit,
                                     jnp.logical_not(terminated))
-        final_obs = observe(timestep.observation)
-        obs, state = select_reset(jnp.logical_or(terminated, truncated), fresh,
-                                  (final_obs, next_state))
-        return EnvStep(obs, state, jnp.asarray(timestep.reward, jnp.float32), terminated,
-                       truncated, final_obs)
+        return auto_reset(fresh, observe(timestep.observation), next_state, timestep.reward,
+                          terminated, truncated)
 
     return Env(spec, reset, step)

@@ -69,7 +69,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from inner_loops.env_spec import PROBE_PREFIX, Env, EnvSpec, EnvStep
+from inner_loops.env_spec import PROBE_PREFIX, Env, EnvSpec, auto_reset
 
 VARIANTS = ("discrete", "continuous")
 # Best continuous action of ``action`` (and ``observation_action`` at s = +1).
@@ -202,10 +202,8 @@ def make_memory_env(delay: int) -> Env:
         ended = state.t >= delay
         reward = jnp.where(ended, _signed(action) * state.cue, 0.0).astype(jnp.float32)
         reached = MemoryState(state.cue, state.t + 1)
-        final_obs = observe(reached)
-        obs, next_state = jax.tree.map(lambda a, b: jnp.where(ended, a, b), fresh,
-                                       (final_obs, reached))
-        return EnvStep(obs, next_state, reward, ended, jnp.zeros((), jnp.bool_), final_obs)
+        return auto_reset(fresh, observe(reached), reached, reward, ended,
+                          jnp.zeros((), jnp.bool_))
 
     return Env(spec, reset, step)
 
@@ -264,9 +262,8 @@ def make_probe_env(env_id: str, env_params: tuple = ()) -> Env:
         truncated = jnp.logical_and(ended, not probe.terminates)
         # ``discount`` moves from s = 0 to s = 1; the other probes keep their observation.
         final_obs = state.obs + 1.0 if probe.name == "discount" else state.obs
-        obs, next_state = jax.tree.map(lambda a, b: jnp.where(ended, a, b), fresh,
-                                       (final_obs, ProbeState(final_obs, t)))
-        return EnvStep(obs, next_state, reward, terminated, truncated, final_obs)
+        return auto_reset(fresh, final_obs, ProbeState(final_obs, t), reward, terminated,
+                          truncated)
 
     return Env(spec, reset, step)
 

@@ -258,17 +258,24 @@ def test_xminigrid_observations_are_one_hot_cells(xminigrid_rollout):
     np.testing.assert_array_equal(cells[..., 13:].sum(-1), 1.0)
 
 
-def test_xminigrid_goal_terminates_and_the_step_limit_truncates(xminigrid_rollout):
-    out = xminigrid_rollout
-    terminated, truncated, reward = out["terminated"], out["truncated"], out["reward"]
-    assert np.isfinite(reward).all()
+def assert_goal_terminates_and_the_limit_truncates(out, time_limit):
+    """A random rollout ``out`` of a goal task: each step ends its episode one way at most,
+    both ways happen, the time limit truncates at exactly ``time_limit`` steps and the goal
+    ends episodes sooner."""
+    terminated, truncated = out["terminated"], out["truncated"]
+    assert np.isfinite(out["reward"]).all()
     assert not (terminated & truncated).any()
-    # only reaching the goal pays (1 - 0.9 * steps / limit), and it ends the episode
-    np.testing.assert_array_equal(reward > 0, terminated)
     assert terminated.any() and truncated.any()
     by_termination, by_truncation = episode_lengths(terminated, truncated)
-    np.testing.assert_array_equal(by_truncation, XMINIGRID_TIME_LIMIT)
-    assert (by_termination < XMINIGRID_TIME_LIMIT).all()
+    np.testing.assert_array_equal(by_truncation, time_limit)
+    assert (by_termination < time_limit).all()
+
+
+def test_xminigrid_goal_terminates_and_the_step_limit_truncates(xminigrid_rollout):
+    assert_goal_terminates_and_the_limit_truncates(xminigrid_rollout, XMINIGRID_TIME_LIMIT)
+    # only reaching the goal pays (1 - 0.9 * steps / limit), and it ends the episode
+    np.testing.assert_array_equal(xminigrid_rollout["reward"] > 0,
+                                  xminigrid_rollout["terminated"])
 
 
 def test_xminigrid_ended_episodes_restart_with_final_obs_kept(xminigrid_rollout):
@@ -472,16 +479,10 @@ def test_navix_observations_are_one_hot_cells(navix_rollout):
 
 
 def test_navix_goal_terminates_and_the_step_limit_truncates(navix_rollout):
-    out = navix_rollout
-    terminated, truncated, reward = out["terminated"], out["truncated"], out["reward"]
-    assert np.isfinite(reward).all()
-    assert not (terminated & truncated).any()
+    assert_goal_terminates_and_the_limit_truncates(navix_rollout, NAVIX_TIME_LIMIT)
     # only reaching the goal pays (1), and it ends the episode
-    np.testing.assert_array_equal(reward, terminated.astype(np.float32))
-    assert terminated.any() and truncated.any()
-    by_termination, by_truncation = episode_lengths(terminated, truncated)
-    np.testing.assert_array_equal(by_truncation, NAVIX_TIME_LIMIT)
-    assert (by_termination < NAVIX_TIME_LIMIT).all()
+    np.testing.assert_array_equal(navix_rollout["reward"],
+                                  navix_rollout["terminated"].astype(np.float32))
 
 
 def test_navix_ended_episodes_restart_with_final_obs_kept(navix_rollout):
