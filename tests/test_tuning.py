@@ -37,6 +37,7 @@ from metarl.evolve.tuning import (
     evolved_plan,
     fill_grid,
     format_tuning,
+    grid_edges,
     objective_plan,
     tune_objective,
     tuning_keys,
@@ -103,6 +104,10 @@ def test_a_learning_rate_at_which_agents_cannot_learn_is_not_chosen(tuned):
         assert record["chosen"]["learning_rate"] == 0.005, name
         frozen = [s["mean"] for s in record["settings"] if s["setting"]["learning_rate"] < 1e-6]
         assert max(frozen) < max(means) - 5, name
+        # x1 is the top of this grid: the record and the summary say the optimum may lie above
+        assert record["at_edge"]["learning_rate"] == "highest", name
+        assert (f"  CartPole-v1  {name}: " in format_tuning(report)
+                and "learning_rate at the highest value of its grid" in format_tuning(report))
 
 
 def test_the_evolved_objective_gets_the_baselines_budget(tuned):
@@ -255,6 +260,20 @@ def test_the_summary_names_the_statistic_that_chose():
     report["tuning"]["tune_by"] = "iqm"
     del setting["iqm"]  # computed from the returns where the record lacks it
     assert "(IQM -100.00;" in format_tuning(report)
+
+
+def test_choices_at_an_end_of_their_grid_are_named():
+    record = {"grid": {"vf_coef": [0.03, 0.1, 0.3, 1.0], "learning_rate": [1 / 3, 1.0, 3.0],
+                       "alpha": [4.0]},
+              "relative_to": {"learning_rate": 2.5e-4},
+              # chosen values pass through float32 hyperparameters
+              "chosen": {"vf_coef": float(np.float32(0.1)), "alpha": 4.0,
+                         "learning_rate": float(np.float32(3.0 * 2.5e-4))}}
+    assert grid_edges(record) == {"learning_rate": "highest"}  # a grid of one has no edge
+    record["chosen"].update(vf_coef=float(np.float32(0.03)),
+                            learning_rate=float(np.float32(2.5e-4)))
+    assert grid_edges(record) == {"vf_coef": "lowest"}
+    assert grid_edges({"grid": {}, "chosen": {}}) == {}  # nothing searched
 
 
 @pytest.mark.parametrize(("options", "flags", "message"), [

@@ -30,6 +30,11 @@ and is then trained on the held-out seeds at the setting that scored best.
   without one, and ties go to the first in grid order. Every setting trains on the same
   tuning seeds (common random numbers). A record saved before ``tune_by`` existed has no
   such field and was chosen by the mean (:data:`UNRECORDED_TUNE_BY`).
+- **Edges.** A choice at the lowest or highest value of a knob's grid says only that the
+  best setting may lie beyond it: the baseline is tuned no further than its grid. Every
+  record names such knobs (``at_edge``, :func:`grid_edges`) and the printed summary says to
+  widen them with ``--tune-grid``; on CartPole the learning rate was chosen at its edge
+  (×3) by nearly every objective.
 - **Seeds.** Tuning keys are ``split(PRNGKey(tune_seed), tune_seeds)``
   (:data:`DEFAULT_TUNE_SEED` 20 011) and held-out keys ``split(PRNGKey(eval_seed), seeds)``
   (10 007); evolution draws from ``PRNGKey(run.seed)`` and measures its fitness baselines
@@ -62,7 +67,7 @@ from metarl.sweep import GridAxis, check_grid, summarise_sweep, sweep_population
 __all__ = ["DEFAULT_TUNE_BY", "DEFAULT_TUNE_SEED", "DEFAULT_TUNE_SEEDS", "Knob", "SCORES",
            "TUNE_STATISTICS", "TuningPlan", "UNRECORDED_TUNE_BY", "check_overrides",
            "check_tune_options", "choose", "chosen_values", "evolved_plan", "fill_grid",
-           "default_losses_plan", "format_tuning", "objective_plan", "tune_by_of",
+           "default_losses_plan", "format_tuning", "grid_edges", "objective_plan", "tune_by_of",
            "tune_objective", "tuned_fitness_baselines", "tuning_keys"]
 
 DEFAULT_TUNE_SEED = 20_011
@@ -316,7 +321,8 @@ def tune_objective(plan: TuningPlan, objective, inner, fitness, seeds: int, tune
     Returns the record: ``tune_by``, ``grid``, ``relative_to``, ``skipped``, every
     setting's scores (``settings``: absolute ``setting``, ``mean``, ``ci_low``,
     ``ci_high``, ``iqm``, ``invalid``, ``returns [seeds]``), the ``chosen`` setting
-    (absolute values) and its index, the ``budget`` (settings, seeds, runs) and the seconds
+    (absolute values) and its index, the knobs chosen at an end of their grid (``at_edge``,
+    :func:`grid_edges`), the ``budget`` (settings, seeds, runs) and the seconds
     of compilation and training. With nothing to search nothing trains and ``chosen`` is
     ``{}`` (the default setting).
     """
@@ -348,9 +354,30 @@ def tune_objective(plan: TuningPlan, objective, inner, fitness, seeds: int, tune
                      for result in results],
         "chosen": dict(settings[index]),
         "chosen_index": index,
+        "at_edge": grid_edges({**record, "chosen": dict(settings[index])}),
         "compile_seconds": trained["compile_seconds"],
         "train_seconds": trained["train_seconds"],
     }
+
+
+def grid_edges(record: Mapping[str, Any]) -> dict[str, str]:
+    """Knob -> ``"lowest"`` or ``"highest"`` for each knob of a tuning record whose chosen
+    value is the lowest or highest of its grid (grids of one value have no edge). Read from
+    the record's ``grid`` (as declared: multiples of ``relative_to`` for relative knobs) and
+    ``chosen`` (absolute), so records saved before ``at_edge`` existed are read too."""
+    edges = {}
+    for knob, values in record.get("grid", {}).items():
+        if len(values) < 2 or knob not in record.get("chosen", {}):
+            continue
+        chosen = record["chosen"][knob]
+        if knob in record.get("relative_to", {}):
+            chosen = chosen / record["relative_to"][knob]
+        # chosen values went through float32 training hyperparameters
+        if math.isclose(chosen, max(values), rel_tol=1e-5):
+            edges[knob] = "highest"
+        elif math.isclose(chosen, min(values), rel_tol=1e-5):
+            edges[knob] = "lowest"
+    return edges
 
 
 def default_losses_plan(inner) -> tuple[TuningPlan, Any]:
@@ -488,6 +515,9 @@ def format_tuning(report: dict[str, Any]) -> str:
                     for knob, value in record["chosen"].items())
                 lines.append(f"  {env_id}  {name}: {chosen}  ({label} {score:.2f}; "
                              f"{budget['settings']} settings x {budget['seeds']} seeds)")
+                for knob, end in grid_edges(record).items():
+                    lines.append(f"      {knob} at the {end} value of its grid: the best "
+                                 f"setting may lie beyond it (widen it with --tune-grid)")
             for knob, reason in record["skipped"].items():
                 lines.append(f"      not tuned: {knob}: {reason}")
     return "\n".join(lines)
