@@ -14,6 +14,7 @@ import pytest
 
 from metarl import cli
 from metarl.evolve.compare import (
+    between_runs,
     compare_runs,
     flatten,
     format_comparison,
@@ -91,6 +92,9 @@ def test_the_command_line_prints_and_saves(runs, tmp_path, capsys):
     assert (out / "fitness.png").stat().st_size > 0
     assert (out / "value_distance.png").stat().st_size > 0
     assert (out / "comparison.txt").read_text().startswith("run")
+    saved = json.loads((out / "comparison.json").read_text())
+    assert [run["label"] for run in saved["runs"]] == ["a/vd", "b/vd", "c"]
+    assert saved["differing"]["run.seed"] == [0, 1, 2]
     assert cli.main(["compare", str(tmp_path / "missing")]) == 2
     assert "missing" in capsys.readouterr().err
 
@@ -250,3 +254,31 @@ def test_the_evaluations_figure_has_a_panel_per_environment_and_a_row_per_run(ru
 def test_a_missing_run_is_a_clear_error(tmp_path):
     with pytest.raises(RunError):
         compare_runs([tmp_path / "nothing"])
+
+
+def test_runs_are_judged_against_each_other_seed_by_seed(runs, tmp_path):
+    # a search against its own starting point, on the same held-out keys, default and tuned
+    write_evaluation(runs[0], [("CartPole-v1", "evolved", L2 + 10.0),
+                               ("CartPole-v1", "l2", L2),
+                               ("CartPole-v1", "evolved (tuned)", L2 + 1.0)])
+    write_evaluation(runs[1], [("CartPole-v1", "evolved", L2),
+                               ("CartPole-v1", "evolved (tuned)", UPSIDE)])
+    # another key stream: compared, but not seed by seed
+    write_evaluation(runs[2], [("CartPole-v1", "evolved", L2 + 10.0)], eval_seed=5)
+    comparison = compare_runs(runs)
+    found = {(v.first, v.second, v.objective): v for v in between_runs(comparison)}
+    assert set(found) == {("a/vd", "b/vd", "evolved"), ("a/vd", "b/vd", "evolved (tuned)"),
+                          ("a/vd", "c", "evolved"), ("b/vd", "c", "evolved")}
+    default = found[("a/vd", "b/vd", "evolved")]
+    assert default.paired and default.probability == 1.0 and default.outcome == "better"
+    tuned = found[("a/vd", "b/vd", "evolved (tuned)")]  # ahead on half the seeds only
+    assert tuned.paired and tuned.probability == pytest.approx(0.5)
+    assert tuned.outcome == "no difference found"
+    assert not found[("a/vd", "c", "evolved")].paired
+    assert found[("b/vd", "c", "evolved")].outcome == "worse"  # 10 behind on every seed
+    table = format_comparison(comparison)
+    assert "the runs' evolved objectives against each other" in table
+    assert any(line.split()[:4] == ["CartPole-v1", "evolved", "a/vd", "b/vd"]
+               and line.endswith("better") for line in table.splitlines())
+    # a run evaluated alone has nothing to be compared with
+    assert between_runs(compare_runs(runs[:1])) == []

@@ -107,7 +107,7 @@ def test_a_learning_rate_at_which_agents_cannot_learn_is_not_chosen(tuned):
         # x1 is the top of this grid: the record and the summary say the optimum may lie above
         assert record["at_edge"]["learning_rate"] == "highest", name
         assert (f"  CartPole-v1  {name}: " in format_tuning(report)
-                and "learning_rate at the highest value of its grid" in format_tuning(report))
+                and "at the end of its grid: learning_rate (its highest)" in format_tuning(report))
 
 
 def test_the_evolved_objective_gets_the_baselines_budget(tuned):

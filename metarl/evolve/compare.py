@@ -5,12 +5,15 @@ fitness curves, and the learned functions of every run in the same figure.
 
 From Python: :func:`compare_runs` (the table's data), :func:`verdicts` and
 :func:`pooled_verdicts` (the evolved objective against each baseline, run by run and over all
-runs, by the rule of :func:`metarl.stats.verdict`), :func:`format_comparison` and
+runs, by the rule of :func:`metarl.stats.verdict`), :func:`between_runs` (the runs' evolved
+objectives against each other: variants of one experiment, or a search against its own
+starting point), :func:`format_comparison` and
 :func:`plot_comparison` (drawn by :mod:`metarl.figures.records`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from collections.abc import Sequence
@@ -22,7 +25,7 @@ import jax
 import numpy as np
 
 from metarl.evolve.config import config_from_dict
-from metarl.evolve.evaluate import comparison_pairs, held_out_scores, judge
+from metarl.evolve.evaluate import EVOLVED, TUNED, comparison_pairs, held_out_scores, judge
 from metarl.objectives import get_objective
 from metarl.objectives.registry import RunFigureRequest
 from metarl.runs.engine import read_config
@@ -182,6 +185,49 @@ def verdicts(comparison: Comparison) -> list[Verdict]:
                 found.append(Verdict(run.label, env, evolved, baseline,
                                      judged["probability_of_improvement"], judged["low"],
                                      judged["high"], paired, judged["verdict"]))
+    return found
+
+
+@dataclass(frozen=True)
+class RunVerdict:
+    """One run's evolved objective against another run's on one environment: P(improvement)
+    of ``first`` over ``second`` (``probability``, with its 95% interval ``low``, ``high``;
+    paired where both were trained on the same keys) and ``outcome``
+    (:func:`metarl.stats.verdict`). ``objective`` is the row compared, ``"evolved"`` or
+    ``"evolved (tuned)"`` (each run at its own tuned setting)."""
+
+    first: str
+    second: str
+    env_id: str
+    objective: str
+    probability: float
+    low: float
+    high: float
+    paired: bool
+    outcome: str
+
+
+def between_runs(comparison: Comparison) -> list[RunVerdict]:
+    """Every run's evolved objective against each later run's, on each environment where
+    both evaluated it, at the default setting and, where both were tuned, tuned. Runs
+    evaluated with the same ``--seeds`` and ``--eval-seed`` trained on the same keys and are
+    compared seed by seed. Comparing a search with a run of its starting point (the same
+    experiment stopped after one generation) says whether the search moved anything."""
+    found = []
+    for index, first in enumerate(comparison.runs):
+        for second in comparison.runs[index + 1:]:
+            for env, objective in first.held_out:
+                if objective not in (EVOLVED, EVOLVED + TUNED) or (
+                        (env, objective) not in second.held_out):
+                    continue
+                x, y = first.held_out[(env, objective)], second.held_out[(env, objective)]
+                if not x.scores or not y.scores:
+                    continue
+                paired = x.paired_with(y)
+                judged = judge(first.label, second.label, x.scores, y.scores, paired)
+                found.append(RunVerdict(first.label, second.label, env, objective,
+                                        judged["probability_of_improvement"], judged["low"],
+                                        judged["high"], paired, judged["verdict"]))
     return found
 
 
@@ -346,6 +392,15 @@ def format_comparison(comparison: Comparison, pooled: list[PooledVerdict] | None
             "(IQM over runs x seeds; P(improvement) over runs x seeds, resampling held-out "
             "seeds where the runs share them; intervals 95%)\n"
             + _table(rows))
+    between = between_runs(comparison)
+    if between:
+        rows = [("environment", "objective", "run", "vs run", "P(improvement)", "paired",
+                 "verdict")]
+        rows += [(v.env_id, v.objective, v.first, v.second,
+                  _estimate(Estimate(v.probability, v.low, v.high)),
+                  "yes" if v.paired else "no", v.outcome) for v in between]
+        blocks.append("the runs' evolved objectives against each other (P(improvement) of "
+                      "the run over the other, 95% interval)\n" + _table(rows))
     if comparison.differing:
         rows = [("setting", *[r.label for r in comparison.runs])]
         rows += [(key, *[json.dumps(v) for v in values])
@@ -363,7 +418,7 @@ def _estimate(estimate: Estimate) -> str:
 def _table(rows: list[tuple[str, ...]]) -> str:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True))
-                     for row in rows).rstrip()
+                     .rstrip() for row in rows)
 
 
 def plot_comparison(comparison: Comparison, pooled: list[PooledVerdict] | None = None
@@ -438,15 +493,38 @@ def _safe_stem(stem: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", stem)
 
 
+def comparison_data(comparison: Comparison, pooled: list[PooledVerdict] | None = None
+                    ) -> dict[str, Any]:
+    """The verdicts of ``comparison`` as plain data: the runs (directory, label), every
+    run's evolved objective against its baselines (``verdicts``), all runs together
+    (``pooled``; estimates as ``{value, low, high}``), the runs against each other
+    (``between_runs``) and the settings that differ."""
+    pooled = pooled_verdicts(comparison) if pooled is None else pooled
+    return {
+        "runs": [{"run_dir": str(run.run_dir), "label": run.label} for run in comparison.runs],
+        "verdicts": [dataclasses.asdict(v) for v in verdicts(comparison)],
+        "pooled": [{"env_id": p.env_id, "evolved": p.evolved, "baseline": p.baseline,
+                    "counts": p.counts, "evolved_iqm": p.evolved_iqm.to_dict(),
+                    "baseline_iqm": p.baseline_iqm.to_dict(),
+                    "probability": p.probability.to_dict(), "paired": p.paired,
+                    "outcome": p.outcome} for p in pooled],
+        "between_runs": [dataclasses.asdict(v) for v in between_runs(comparison)],
+        "differing": comparison.differing,
+    }
+
+
 def save_comparison(comparison: Comparison, out_dir: str | Path,
                     pooled: list[PooledVerdict] | None = None) -> list[Path]:
-    """Write ``comparison.txt`` and the figures of :func:`plot_comparison` to ``out_dir``
-    (``pooled``: :func:`pooled_verdicts`, computed when not given)."""
+    """Write ``comparison.txt``, its verdicts as ``comparison.json`` (:func:`comparison_data`)
+    and the figures of :func:`plot_comparison` to ``out_dir`` (``pooled``:
+    :func:`pooled_verdicts`, computed when not given)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     pooled = pooled_verdicts(comparison) if pooled is None else pooled
     (out / "comparison.txt").write_text(format_comparison(comparison, pooled) + "\n")
-    written = [out / "comparison.txt"]
+    (out / "comparison.json").write_text(
+        json.dumps(comparison_data(comparison, pooled), indent=1) + "\n")
+    written = [out / "comparison.txt", out / "comparison.json"]
     for stem, figure in plot_comparison(comparison, pooled).items():
         figure.savefig(out / f"{stem}.png", dpi=110)
         written.append(out / f"{stem}.png")

@@ -515,9 +515,11 @@ def format_tuning(report: dict[str, Any]) -> str:
                     for knob, value in record["chosen"].items())
                 lines.append(f"  {env_id}  {name}: {chosen}  ({label} {score:.2f}; "
                              f"{budget['settings']} settings x {budget['seeds']} seeds)")
-                for knob, end in grid_edges(record).items():
-                    lines.append(f"      {knob} at the {end} value of its grid: the best "
-                                 f"setting may lie beyond it (widen it with --tune-grid)")
+                edges = grid_edges(record)
+                if edges:
+                    named = ", ".join(f"{knob} (its {end})" for knob, end in edges.items())
+                    lines.append(f"      at the end of its grid: {named}; the best setting "
+                                 f"may lie beyond (widen with --tune-grid)")
             for knob, reason in record["skipped"].items():
                 lines.append(f"      not tuned: {knob}: {reason}")
     return "\n".join(lines)
