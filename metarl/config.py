@@ -253,7 +253,8 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
     """Apply ``key.path=value`` overrides (values parsed as TOML) to raw config data.
 
     ``inner.FIELD=...`` sets the field in every ``[[inner]]`` entry; ``inner.0.FIELD=...``
-    only in the first.
+    only in the first; ``held_out.FIELD=...`` and ``held_out.0.FIELD=...`` do the same for
+    the ``[[held_out]]`` tasks.
     """
     data = json.loads(json.dumps(data))
     for override in overrides:
@@ -266,14 +267,19 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
             value = raw
         keys = path.strip().split(".")
         targets = [data]
-        if keys[0] == "inner":
-            inner = data.setdefault("inner", {})
-            entries = [inner] if isinstance(inner, dict) else inner
-            keys = keys[1:]
+        if keys[0] in ("inner", "held_out"):
+            if keys[0] == "held_out" and not data.get("held_out"):
+                raise ConfigError(f"--set {path}: the experiment has no [[held_out]] tasks")
+            tables = data.setdefault(keys[0], {})
+            entries = [tables] if isinstance(tables, dict) else tables
+            if not all(isinstance(entry, dict) for entry in entries):
+                raise ConfigError(f"--set {path}: {keys[0]} is not a table")
+            name, keys = keys[0], keys[1:]
             if keys and keys[0].isdigit():
                 index = int(keys.pop(0))
                 if index >= len(entries):
-                    raise ConfigError(f"--set {path}: there are only {len(entries)} inner entries")
+                    raise ConfigError(f"--set {path}: there are only {len(entries)} {name} "
+                                      "entries")
                 entries = [entries[index]]
             targets = entries
         if not keys:

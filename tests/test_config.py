@@ -82,6 +82,21 @@ def test_overrides_parse_toml_values_and_reach_every_inner_entry():
     assert config.run.output_dir == "/tmp/x"
 
 
+def test_overrides_reach_held_out_tasks_like_inner_ones():
+    data = {"inner": [{"env_id": "CartPole-v1"}],
+            "held_out": [{"env_id": "Acrobot-v1"}, {"env_id": "MountainCar-v0"}],
+            "fitness": {"tasks_per_generation": 1}}
+    data = apply_overrides(data, ["held_out.learning_rate=9e-3", "held_out.1.num_envs=8",
+                                  "inner.learning_rate=9e-3"])
+    config = config_from_dict(data)
+    assert [c.learning_rate for c in (*config.inner, *config.held_out)] == [9e-3] * 3
+    assert [c.num_envs for c in config.held_out] == [4, 8]
+    with pytest.raises(ConfigError, match="there are only 2 held_out entries"):
+        apply_overrides(data, ["held_out.2.num_envs=8"])
+    with pytest.raises(ConfigError, match=r"has no \[\[held_out\]\] tasks"):
+        apply_overrides({"inner": [{"env_id": "CartPole-v1"}]}, ["held_out.num_envs=8"])
+
+
 def test_env_params_table_round_trips_through_the_saved_json(tmp_path):
     path = tmp_path / "short_episodes.toml"
     path.write_text('[inner]\nenv_id = "CartPole-v1"\n'
