@@ -81,7 +81,7 @@ EVOLVE_ONLY_OPTIONS = (  # (flag, keyword of evaluate_run, default on the comman
     ("--tune", "tune", False), ("--tune-seeds", "tune_seeds", 8),
     ("--tune-seed", "tune_seed", DEFAULT_TUNE_SEED), ("--tune-grid", "tune_grid", []),
     ("--tune-by", "tune_by", DEFAULT_TUNE_BY),
-    ("--across", "across", None), ("--distilled", "distilled", []))
+    ("--across", "across", None), ("--distilled", "distilled", []), ("--start", "start", False))
 
 
 def _evaluate(args) -> int:
@@ -313,6 +313,11 @@ def _add_reading_commands(commands) -> None:
                                "judged against the network it came from (repeatable)")
     evaluate.add_argument("--which", default="mean", choices=("mean", "best"),
                           help="evaluate the search mean (default) or the best candidate")
+    evaluate.add_argument("--start", action="store_true",
+                          help="also train the meta-parameters the search started from (row "
+                               "'start', tuned like the evolved objective with --tune): the "
+                               "evolved objective is judged against it, which says whether "
+                               "the search did anything its starting point did not")
     evaluate.add_argument("--eval-seed", type=int, default=10_007)
     evaluate.add_argument("--total-timesteps", type=int, default=None,
                           help="override the training budget per agent")

@@ -29,6 +29,8 @@ from metarl.cli import main
 from metarl.config import ConfigError
 from metarl.evolve.config import config_from_dict
 from metarl.evolve.evaluate import DEFAULT_EVAL_SEED, evaluate_run
+from metarl.evolve.generation import Evolution, search_start
+from metarl.runs.meta_params import MEAN_FILE, load_meta_params, save_meta_params
 from metarl.evolve.tuning import (
     DEFAULT_TUNE_BY,
     DEFAULT_TUNE_SEED,
@@ -133,6 +135,58 @@ def test_left_out_baselines_are_named(tuned, run_dir, capsys):
     assert "learning_rate=0.005 (x1)" in out
     assert "chosen settings, best interquartile mean over the tuning seeds" in out
     assert "(IQM " in out and "(score " not in out
+
+
+def test_the_search_is_judged_against_its_starting_point(tuned, run_dir):
+    report, _ = tuned
+    with_start = evaluate_run(run_dir, **OPTIONS, start=True)
+    assert not with_start["reused"] and with_start["spec"]["start"] is True
+    rows = {r["objective"]: r for r in with_start["results"]}
+    assert list(rows) == ["evolved", "start", "l2", "evolved (tuned)", "start (tuned)",
+                          "l2 (tuned)"]
+    # the tiny run's search mean and its start are both the distance at L2 (a zero output
+    # layer), so the two train alike on the same held-out seeds and no difference is found
+    assert rows["start"]["returns"] == rows["evolved"]["returns"]
+    comparisons = with_start["statistics"]["environments"]["CartPole-v1"]["comparisons"]
+    judged = {(c["evolved"], c["baseline"]): c for c in comparisons}
+    assert judged[("evolved", "start")]["probability_of_improvement"] == 0.5
+    assert judged[("evolved", "start")]["verdict"] == "no difference found"
+    assert ("evolved (tuned)", "start (tuned)") in judged
+    records = with_start["tuning"]["environments"]["CartPole-v1"]
+    assert list(records) == ["evolved", "start", "l2"]
+    assert records["start"]["budget"] == records["evolved"]["budget"]  # the same budget
+    # the baselines' rows are those of the evaluation without the start
+    before = {r["objective"]: r["returns"] for r in report["results"]}
+    assert rows["l2"]["returns"] == before["l2"]
+    assert rows["l2 (tuned)"]["returns"] == before["l2 (tuned)"]
+
+
+def test_the_start_row_trains_the_start_not_the_search_result(tuned, tmp_path):
+    report, _ = tuned
+    moved = write_run(tmp_path / "moved")  # a search that moved: the output layer grew
+    meta = jax.tree_util.tree_map(lambda w: w + 0.5, load_meta_params(
+        moved / MEAN_FILE, make_objective("value_distance", hidden_sizes=[8]).init(
+            jax.random.PRNGKey(0))))
+    save_meta_params(moved / MEAN_FILE, meta)
+    rows = {r["objective"]: r["returns"] for r in evaluate_run(
+        moved, seeds=2, baselines=["l2"], start=True)["results"]}
+    assert rows["evolved"] != rows["start"]
+    # the start is the distance at L2, as the unmoved run's search mean: the same returns
+    unmoved = {r["objective"]: r["returns"] for r in report["results"]}
+    assert rows["start"] == unmoved["evolved"]
+
+
+def test_the_start_is_where_the_evolution_begins():
+    config = config_from_dict({**TINY, "objective": {"name": "lpo",
+                                                     "options": {"hidden_sizes": [4]}},
+                               "run": {"seed": 7}})
+    evolution = Evolution(config)
+    began = evolution.mean_meta_params(evolution.init(baselines=(1.0,)))
+    start = search_start(config.objective.build(), 7)
+    jax.tree_util.tree_map(np.testing.assert_allclose, began, start)
+    # a random hidden layer: another seed starts elsewhere
+    other = search_start(config.objective.build(), 8)
+    assert not np.allclose(other["policy"]["layers"][0]["w"], start["policy"]["layers"][0]["w"])
 
 
 def test_an_untuned_evaluation_is_another_record_with_the_same_default_rows(tuned, run_dir):

@@ -32,7 +32,7 @@ from metarl.evolve import tuning
 from metarl.evolve.config import ExperimentConfig, FitnessConfig, config_from_dict
 from metarl.evolve.distill import distilled_objective
 from metarl.evolve.fitness import run_is_valid, run_return
-from metarl.evolve.generation import build_learner
+from metarl.evolve.generation import build_learner, search_start
 from metarl.evolve.tuning import DEFAULT_TUNE_BY, DEFAULT_TUNE_SEED, DEFAULT_TUNE_SEEDS
 from metarl.objectives import available_objectives, get_objective, make_objective
 from metarl.programs import shared_program
@@ -59,6 +59,7 @@ __all__ = ["ObjectiveResult", "across_figure_path", "check_across", "comparison_
            "held_out_scores", "judge", "save_across_figure", "text_table"]
 DEFAULT_EVAL_SEED = 10_007
 EVOLVED = "evolved"
+START = "start"  # the search's starting point (``start=True``)
 TUNED = " (tuned)"
 ACROSS_STATISTICS = ("iqm", "mean")  # what a point of an evaluation across a knob keeps
 
@@ -215,7 +216,8 @@ def evaluate_run(run_dir: str | Path, env_ids: list[str] | None = None, seeds: i
                  tune_seeds: int = DEFAULT_TUNE_SEEDS, tune_seed: int = DEFAULT_TUNE_SEED,
                  tune_grid: Mapping[str, Sequence[float]] | None = None,
                  across: Mapping[str, Sequence[float]] | None = None,
-                 distilled: Sequence[int] = (), tune_by: str = DEFAULT_TUNE_BY, *,
+                 distilled: Sequence[int] = (), tune_by: str = DEFAULT_TUNE_BY,
+                 start: bool = False, *,
                  baseline_cache: dict[str, Any] | None = None) -> dict[str, Any]:
     """Evaluate a run's evolved objective against baselines; saves ``evaluations/<n>.json``.
 
@@ -287,6 +289,12 @@ def evaluate_run(run_dir: str | Path, env_ids: list[str] | None = None, seeds: i
             ``"iqm"`` (the interquartile mean, the default: what the held-out verdicts
             use, and robust to the few failed seeds of heavy-tailed returns such as
             Acrobot's) or ``"mean"`` (what chose before this option existed).
+        start: also train the meta-parameters the search started from
+            (:func:`metarl.evolve.generation.search_start`), row ``"start"`` after the
+            evolved row, on the same held-out seeds, and with ``tune`` tuned as the
+            evolved objective is (row ``"start (tuned)"``). The evolved objective is judged
+            against it as against a baseline: whether the search did anything its
+            starting point did not already do.
         baseline_cache: a dict shared by evaluations of several runs of one experiment
             (the seeds of replicated evolution, :mod:`metarl.evolve.replicated`): what the
             baselines trained (held-out rows, tuning, points across a knob) is kept there
@@ -335,13 +343,17 @@ def evaluate_run(run_dir: str | Path, env_ids: list[str] | None = None, seeds: i
         "meta_params": which,
         "meta_params_sha256": hashlib.sha256(meta_path.read_bytes()).hexdigest(),
         "baselines": list(baselines),
+        **({"start": True} if start else {}),
         **({"distilled": {label: table["options"] for label, table in formulas.items()}}
            if formulas else {}),
         "fitness": {"metric": config.fitness.metric,
                     "final_fraction": config.fitness.final_fraction},
     }
     plans = _tuning_plans(tune, tune_seeds, tune_seed, tune_grid, eval_seed, config,
-                          baselines, tasks, tune_by)
+                          baselines, tasks, tune_by, start)
+    learned = {EVOLVED: meta_params}
+    if start:
+        learned[START] = search_start(objective, config.run.seed)
     if tune:
         spec["tune"] = {"seeds": tune_seeds, "tune_seed": tune_seed, "by": tune_by,
                         "grids": {label: {name: plan.grid for name, plan in env.items()}
@@ -353,8 +365,9 @@ def evaluate_run(run_dir: str | Path, env_ids: list[str] | None = None, seeds: i
     def compute() -> dict[str, Any]:
         results, tuned, records = [], [], {}
         for task, inner in tasks.items():
-            rows = [evaluate_objective(objective, meta_params, inner, config.fitness,
-                                       seeds, eval_seed, EVOLVED, label=task)]
+            rows = [evaluate_objective(objective, params, inner, config.fitness, seeds,
+                                       eval_seed, name, label=task)
+                    for name, params in learned.items()]
             for name in baselines:
                 row = _reused(baseline_cache, ("held out", name, inner, config, seeds,
                                                eval_seed),
@@ -371,10 +384,11 @@ def evaluate_run(run_dir: str | Path, env_ids: list[str] | None = None, seeds: i
                 records[task] = {}
                 for row, plan in zip(rows, plans[task].values(), strict=True):
                     def tune_it(plan=plan, row=row, inner=inner, task=task):
-                        return _tune_and_evaluate(plan, row, objective, meta_params, inner,
-                                                  config, seeds, eval_seed, tune_seeds,
-                                                  tune_seed, tune_by, task)
-                    record, tuned_row = (tune_it() if plan.objective == EVOLVED else _reused(
+                        return _tune_and_evaluate(plan, row, objective,
+                                                  learned.get(plan.objective), inner, config,
+                                                  seeds, eval_seed, tune_seeds, tune_seed,
+                                                  tune_by, task)
+                    record, tuned_row = (tune_it() if plan.objective in learned else _reused(
                         baseline_cache, ("tuned", dataclasses.asdict(plan), inner, config,
                                          seeds, eval_seed, tune_seeds, tune_seed, tune_by),
                         tune_it))
@@ -604,10 +618,11 @@ def _not_reported(objective_name: str, baselines: list[str], inner) -> dict[str,
 
 
 def _tuning_plans(tune, tune_seeds, tune_seed, tune_grid, eval_seed, config, baselines,
-                  tasks, tune_by=DEFAULT_TUNE_BY) -> dict[str, dict[str, tuning.TuningPlan]]:
-    """``task label -> {objective: plan}`` (the evolved objective first) for ``tasks``
-    (``{label: [inner] config}``), checked before anything trains; ``{}`` without
-    ``tune``."""
+                  tasks, tune_by=DEFAULT_TUNE_BY, start=False
+                  ) -> dict[str, dict[str, tuning.TuningPlan]]:
+    """``task label -> {objective: plan}`` (the evolved objective first, then with
+    ``start`` the search's starting point on the same budget) for ``tasks`` (``{label:
+    [inner] config}``), checked before anything trains; ``{}`` without ``tune``."""
     if not tune:
         given = [name for name, value, default in (
             ("tune_seeds", tune_seeds, tuning.DEFAULT_TUNE_SEEDS),
@@ -622,7 +637,8 @@ def _tuning_plans(tune, tune_seeds, tune_seed, tune_grid, eval_seed, config, bas
     plans = {}
     for label, inner in tasks.items():
         baseline_plans = [tuning.objective_plan(name, inner, overrides) for name in baselines]
-        plans[label] = {EVOLVED: tuning.evolved_plan(EVOLVED, baseline_plans),
+        learned = (EVOLVED, START) if start else (EVOLVED,)
+        plans[label] = {**{name: tuning.evolved_plan(name, baseline_plans) for name in learned},
                         **{plan.objective: plan for plan in baseline_plans}}
     return plans
 
@@ -640,7 +656,7 @@ def _tune_and_evaluate(plan, default_row, objective, meta_params, inner, config,
     chosen setting: ``(tuning record, "<objective> (tuned)" row)``, the row labelled
     ``label`` (default ``inner.env_id``). A choice equal to the default setting reuses
     ``default_row`` (the same keys and settings)."""
-    evolved = plan.objective == EVOLVED
+    evolved = plan.objective in (EVOLVED, START)  # the run's objective, not a baseline
     if not evolved:
         objective, meta_params = make_objective(plan.objective), None
     mesh = _mesh(config)

@@ -75,6 +75,21 @@ from metarl.sharding import population_mesh, put_replicated, replicate
 TASK_STREAM = 0x7461_736B
 
 
+def search_start(objective, seed: int):
+    """The meta-parameters an evolution run with ``run.seed = seed`` starts its search at:
+    the objective's initialisation from the second of three keys split from
+    ``PRNGKey(seed)`` (:meth:`Evolution.init`). Evaluating it beside the search's result
+    (``metarl evaluate RUN --start``) tells what the search changed from what its starting
+    point already did."""
+    return objective.init(_start_keys(jax.random.PRNGKey(seed))[1])
+
+
+def _start_keys(key: jax.Array) -> jax.Array:
+    """``[3]`` keys from a run's root key: carried on, the objective's initialisation, the
+    strategy's initialisation."""
+    return jax.random.split(key, 3)
+
+
 def make_strategy(config: ESConfig, template: Any):
     """Build the evosax strategy named in ``config`` for meta-parameters like ``template``.
 
@@ -237,7 +252,7 @@ class Evolution:
         """Initial state; the search starts at the objective's own initialisation."""
         if key is None:
             key = jax.random.PRNGKey(self.config.run.seed)
-        key, init_key, es_key = jax.random.split(key, 3)
+        key, init_key, es_key = _start_keys(key)
         mean = self.objective.init(init_key)
         es_state = init_search(self.config.es, self.strategy, self.es_params, es_key, mean)
         if baselines is None:
