@@ -49,6 +49,7 @@ import importlib
 import importlib.util
 import math
 import os
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -311,17 +312,22 @@ def _load_benchmark(env_id: str, benchmark_name: str) -> Any:
     return jax.tree.map(jnp.asarray, benchmarks.load_benchmark_from_path(path))
 
 
+def _supported_name(env_id: str, prefix: str, supported: Sequence[str], why: str) -> str:
+    """The name after ``prefix`` in ``env_id``, when it is one of ``supported``; else a
+    ``ValueError`` listing them and saying ``why`` the family's other tasks are left out."""
+    name = env_id[len(prefix):]
+    if name not in supported:
+        raise ValueError(f"env_id: unknown or unsupported environment {env_id!r}; allowed: "
+                         f"{', '.join(prefix + n for n in supported)} ({why})")
+    return name
+
+
 @functools.cache
 def make_craftax_env(env_id: str, env_params: EnvParamPairs = ()) -> Env:
     """The adapter's :class:`Env` for ``craftax/Craftax-Classic-Symbolic-v1``; observations
     ``[1345]``."""
-    name = env_id[len(CRAFTAX_PREFIX):]
-    if name not in CRAFTAX_IDS:
-        raise ValueError(
-            f"env_id: unknown or unsupported environment {env_id!r}; allowed: "
-            f"{', '.join(CRAFTAX_PREFIX + n for n in CRAFTAX_IDS)} (the pixel observations "
-            "and full Craftax are not supported)"
-        )
+    name = _supported_name(env_id, CRAFTAX_PREFIX, CRAFTAX_IDS,
+                           "the pixel observations and full Craftax are not supported")
     _import("craftax", env_id)
     from craftax.craftax_env import make_craftax_env_from_name
 
@@ -431,14 +437,10 @@ def _jumanji_observer(name: str, env: Any) -> tuple[Any, int]:
 def make_jumanji_env(env_id: str, env_params: EnvParamPairs = ()) -> Env:
     """The adapter's :class:`Env` for ``jumanji/<name>``, one of :data:`JUMANJI_IDS`;
     observations ``[300]`` (Maze), ``[720]`` (Snake), ``[625]`` (SlidingTilePuzzle)."""
-    name = env_id[len(JUMANJI_PREFIX):]
-    if name not in JUMANJI_IDS:
-        raise ValueError(
-            f"env_id: unknown or unsupported environment {env_id!r}; allowed: "
-            f"{', '.join(JUMANJI_PREFIX + n for n in JUMANJI_IDS)} (multi-agent tasks, "
-            "tasks with several or continuous actions, and those that rely on an action "
-            "mask are not supported; see docs/guides/inner-loops.md)"
-        )
+    name = _supported_name(env_id, JUMANJI_PREFIX, JUMANJI_IDS,
+                           "multi-agent tasks, tasks with several or continuous actions, and "
+                           "those that rely on an action mask are not supported; see "
+                           "docs/guides/inner-loops.md")
     jumanji = _import("jumanji", env_id)
     time_limit = None
     for param, value in env_params:

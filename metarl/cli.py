@@ -148,6 +148,7 @@ def _compare(args) -> int:
     from datetime import datetime
 
     from metarl.evolve.compare import (
+        between_runs,
         compare_runs,
         format_comparison,
         pooled_verdicts,
@@ -155,12 +156,13 @@ def _compare(args) -> int:
     )
 
     comparison = compare_runs(args.run_dirs)
-    pooled = pooled_verdicts(comparison)  # computed once for the table and the figures
-    print(format_comparison(comparison, pooled))
+    # the bootstrapped verdicts, computed once for the table, the JSON and the figures
+    pooled, between = pooled_verdicts(comparison), between_runs(comparison)
+    print(format_comparison(comparison, pooled, between))
     if not args.no_plots:
         out = args.out or Path(args.run_dirs[0]).parent / (
             f"compare-{datetime.now():%Y%m%d-%H%M%S}")
-        written = save_comparison(comparison, out, pooled)
+        written = save_comparison(comparison, out, pooled, between)
         print(f"saved {', '.join(str(path) for path in written)}")
     return 0
 

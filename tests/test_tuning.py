@@ -30,7 +30,6 @@ from metarl.config import ConfigError
 from metarl.evolve.config import config_from_dict
 from metarl.evolve.evaluate import DEFAULT_EVAL_SEED, evaluate_run
 from metarl.evolve.generation import Evolution, search_start
-from metarl.runs.meta_params import MEAN_FILE, load_meta_params, save_meta_params
 from metarl.evolve.tuning import (
     DEFAULT_TUNE_BY,
     DEFAULT_TUNE_SEED,
@@ -46,6 +45,7 @@ from metarl.evolve.tuning import (
 )
 from metarl.kinds import evaluate
 from metarl.objectives import get_objective, make_objective
+from metarl.runs.meta_params import MEAN_FILE, load_meta_params, save_meta_params
 from metarl.sweep import SweepResult
 
 # x1e-6 of the run's learning rate: agents that cannot learn, which tuning must not choose

@@ -363,11 +363,12 @@ def compare_runs(run_dirs: Sequence[str | Path]) -> Comparison:
     return Comparison(runs, differing)
 
 
-def format_comparison(comparison: Comparison, pooled: list[PooledVerdict] | None = None
-                      ) -> str:
+def format_comparison(comparison: Comparison, pooled: list[PooledVerdict] | None = None,
+                      between: list[RunVerdict] | None = None) -> str:
     """Plain-text tables: what each run reached, its evaluations, the evolved objective
-    against each baseline (``pooled``: :func:`pooled_verdicts`, computed when not given),
-    and the settings that differ."""
+    against each baseline (``pooled``: :func:`pooled_verdicts`), the runs against each other
+    (``between``: :func:`between_runs`; each computed when not given), and the settings that
+    differ."""
     rows = [("run", "objective", "generations", "best fitness", "last mean fitness")]
     rows += [(r.label, r.objective, str(r.generations), f"{r.best_fitness:.4g}",
               f"{r.final_mean_fitness:.4g}") for r in comparison.runs]
@@ -392,7 +393,7 @@ def format_comparison(comparison: Comparison, pooled: list[PooledVerdict] | None
             "(IQM over runs x seeds; P(improvement) over runs x seeds, resampling held-out "
             "seeds where the runs share them; intervals 95%)\n"
             + _table(rows))
-    between = between_runs(comparison)
+    between = between_runs(comparison) if between is None else between
     if between:
         rows = [("environment", "objective", "run", "vs run", "P(improvement)", "paired",
                  "verdict")]
@@ -493,13 +494,15 @@ def _safe_stem(stem: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", stem)
 
 
-def comparison_data(comparison: Comparison, pooled: list[PooledVerdict] | None = None
-                    ) -> dict[str, Any]:
+def comparison_data(comparison: Comparison, pooled: list[PooledVerdict] | None = None,
+                    between: list[RunVerdict] | None = None) -> dict[str, Any]:
     """The verdicts of ``comparison`` as plain data: the runs (directory, label), every
     run's evolved objective against its baselines (``verdicts``), all runs together
     (``pooled``; estimates as ``{value, low, high}``), the runs against each other
-    (``between_runs``) and the settings that differ."""
+    (``between_runs``) and the settings that differ. ``pooled`` and ``between`` are
+    computed when not given."""
     pooled = pooled_verdicts(comparison) if pooled is None else pooled
+    between = between_runs(comparison) if between is None else between
     return {
         "runs": [{"run_dir": str(run.run_dir), "label": run.label} for run in comparison.runs],
         "verdicts": [dataclasses.asdict(v) for v in verdicts(comparison)],
@@ -508,22 +511,25 @@ def comparison_data(comparison: Comparison, pooled: list[PooledVerdict] | None =
                     "baseline_iqm": p.baseline_iqm.to_dict(),
                     "probability": p.probability.to_dict(), "paired": p.paired,
                     "outcome": p.outcome} for p in pooled],
-        "between_runs": [dataclasses.asdict(v) for v in between_runs(comparison)],
+        "between_runs": [dataclasses.asdict(v) for v in between],
         "differing": comparison.differing,
     }
 
 
 def save_comparison(comparison: Comparison, out_dir: str | Path,
-                    pooled: list[PooledVerdict] | None = None) -> list[Path]:
+                    pooled: list[PooledVerdict] | None = None,
+                    between: list[RunVerdict] | None = None) -> list[Path]:
     """Write ``comparison.txt``, its verdicts as ``comparison.json`` (:func:`comparison_data`)
     and the figures of :func:`plot_comparison` to ``out_dir`` (``pooled``:
-    :func:`pooled_verdicts`, computed when not given)."""
+    :func:`pooled_verdicts`, ``between``: :func:`between_runs`; each computed when not
+    given)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     pooled = pooled_verdicts(comparison) if pooled is None else pooled
-    (out / "comparison.txt").write_text(format_comparison(comparison, pooled) + "\n")
+    between = between_runs(comparison) if between is None else between
+    (out / "comparison.txt").write_text(format_comparison(comparison, pooled, between) + "\n")
     (out / "comparison.json").write_text(
-        json.dumps(comparison_data(comparison, pooled), indent=1) + "\n")
+        json.dumps(comparison_data(comparison, pooled, between), indent=1) + "\n")
     written = [out / "comparison.txt", out / "comparison.json"]
     for stem, figure in plot_comparison(comparison, pooled).items():
         figure.savefig(out / f"{stem}.png", dpi=110)

@@ -634,10 +634,10 @@ def _tuning_plans(tune, tune_seeds, tune_seed, tune_grid, eval_seed, config, bas
         return {}
     tuning.check_tune_options(tune_seeds, tune_seed, eval_seed, config.run.seed, tune_by)
     overrides = tuning.check_overrides(tune_grid, baselines)
+    learned = (EVOLVED, START) if start else (EVOLVED,)
     plans = {}
     for label, inner in tasks.items():
         baseline_plans = [tuning.objective_plan(name, inner, overrides) for name in baselines]
-        learned = (EVOLVED, START) if start else (EVOLVED,)
         plans[label] = {**{name: tuning.evolved_plan(name, baseline_plans) for name in learned},
                         **{plan.objective: plan for plan in baseline_plans}}
     return plans
