@@ -2,6 +2,11 @@
 fitness curves, and the learned functions of every run in the same figure.
 
     metarl compare runs/vd-seed0 runs/vd-seed1 runs/vd-seed2
+    metarl compare runs/lpo runs/ta_lpo --evaluation 3,2   # evaluations/3.json and 2.json
+
+Each run's held-out scores come from its latest evaluation of each environment and
+objective, or, with ``evaluation``, from one chosen record ``evaluations/<N>.json`` per run,
+so that a comparison made after some evaluations can be made again after later ones.
 
 From Python: :func:`compare_runs` (the table's data), :func:`verdicts` and
 :func:`pooled_verdicts` (the evolved objective against each baseline, run by run and over all
@@ -49,7 +54,7 @@ from metarl.stats import (
 @dataclass(frozen=True)
 class HeldOut:
     """One objective's held-out scores on one environment, from a run's latest evaluation
-    of that pair.
+    of that pair (or from the one record the comparison was pointed at).
 
     Attributes:
         scores: ``[S]`` score of each seed, NaN for a seed whose training diverged.
@@ -85,6 +90,8 @@ class RunSummary:
         settings: every config field as ``"section.field" -> value``.
         held_out: ``(environment, objective) ->`` the per-seed scores behind each row of
             ``evaluations``.
+        evaluation: the number ``N`` of the one record ``evaluations/<N>.json`` they come
+            from, or ``None`` when every record counts (the latest of each pair wins).
     """
 
     run_dir: Path
@@ -96,6 +103,7 @@ class RunSummary:
     evaluations: tuple[tuple[str, str, float, float, float], ...]
     settings: dict[str, Any]
     held_out: dict[tuple[str, str], HeldOut] = field(default_factory=dict)
+    evaluation: int | None = None
 
 
 @dataclass(frozen=True)
@@ -149,7 +157,7 @@ def _evaluations(records: Sequence[dict[str, Any]]
 @dataclass(frozen=True)
 class Verdict:
     """A run's evolved objective against one baseline on one environment, judged from the
-    per-seed scores of its latest evaluation of both.
+    per-seed scores of its latest evaluation of both (or of the one record chosen).
 
     ``probability`` is P(improvement) of ``evolved`` over ``baseline`` (paired where both
     were trained on the same keys), ``low`` and ``high`` its 95% interval, and ``outcome``
@@ -309,18 +317,35 @@ def pooled_verdicts(comparison: Comparison, found: list[Verdict] | None = None,
     return pooled
 
 
+def chosen_records(run_dir: str | Path, evaluation: int | None) -> list[dict[str, Any]]:
+    """The evaluation records of ``run_dir`` a comparison reads: all of them, oldest first
+    (``evaluation=None``), or the one saved as ``evaluations/<evaluation>.json``, with a
+    :class:`RunError` naming the run and the records it has when there is no such one."""
+    records = list_records(run_dir)
+    if evaluation is None:
+        return records
+    chosen = [record for record in records if record["id"] == evaluation]
+    if not chosen:
+        numbers = [str(record["id"]) for record in records if isinstance(record["id"], int)]
+        held = f"its records: {', '.join(numbers)}" if numbers else "it has none"
+        raise RunError(f"{run_dir} has no evaluations/{evaluation}.json ({held})")
+    return chosen
+
+
 def summarise_run(run_dir: str | Path, label: str | None = None,
-                  records: Sequence[dict[str, Any]] | None = None) -> RunSummary:
+                  records: Sequence[dict[str, Any]] | None = None,
+                  evaluation: int | None = None) -> RunSummary:
     """Read one run directory (:class:`RunError` naming what is missing); its held-out
-    scores come from ``records`` (evaluation reports of it) when given, else from every
-    evaluation saved in it (:func:`metarl.runs.evaluations.list_records`)."""
+    scores come from ``records`` (evaluation reports of it) when given, else from the
+    record ``evaluations/<evaluation>.json`` when ``evaluation`` is given, else from every
+    evaluation saved in it (:func:`chosen_records`)."""
     run_dir = Path(run_dir)
     config = read_config(run_dir, config_from_dict)
     history = read_metrics(run_dir)
     if not history:
         raise RunError(f"{run_dir} has no finished generation yet (metrics.jsonl is empty)")
     last = history[-1]
-    evaluations, held_out = _evaluations(list_records(run_dir) if records is None
+    evaluations, held_out = _evaluations(chosen_records(run_dir, evaluation) if records is None
                                          else records)
     return RunSummary(
         run_dir=run_dir,
@@ -333,6 +358,7 @@ def summarise_run(run_dir: str | Path, label: str | None = None,
         settings={key: value for key, value in flatten(config.to_dict()).items()
                   if key not in ("name", "description", "run.output_dir")},
         held_out=held_out,
+        evaluation=evaluation if records is None else None,
     )
 
 
@@ -343,17 +369,49 @@ def unique_labels(run_dirs: Sequence[Path]) -> list[str]:
             for path in run_dirs]
 
 
-def compare_runs(run_dirs: Sequence[str | Path]) -> Comparison:
+def evaluation_numbers(evaluation: int | Sequence[int] | None, count: int
+                       ) -> list[int | None]:
+    """One record number (or ``None``: the latest evaluations) for each of ``count`` run
+    directories: ``evaluation`` given once holds for all of them; a sequence names one per
+    directory, in order."""
+    if evaluation is None or isinstance(evaluation, int):
+        numbers = [evaluation] * count
+    else:
+        numbers = list(evaluation)
+        if len(numbers) == 1:
+            numbers *= count
+        elif len(numbers) != count:
+            raise RunError(f"compare: --evaluation names {len(numbers)} records for {count} "
+                           "run directories; give one number for all of them or one per "
+                           "run directory")
+    for number in numbers:
+        if number is not None and (isinstance(number, bool) or not isinstance(number, int)
+                                   or number < 1):
+            raise RunError(f"compare: --evaluation must be record numbers of 1 or more "
+                           f"(evaluations/<N>.json), got {number!r}")
+    return numbers
+
+
+def compare_runs(run_dirs: Sequence[str | Path],
+                 evaluation: int | Sequence[int] | None = None) -> Comparison:
     """Summaries of ``run_dirs`` and the settings that are not the same in all of them; a
     parent of replicated evolutions (:mod:`metarl.evolve.replicated`) stands for its
-    seeds."""
+    seeds. ``evaluation``: which record ``evaluations/<N>.json`` of each run the held-out
+    scores come from, one number for all runs or one per entry of ``run_dirs`` (a parent's
+    number holds for each of its seeds); by default every record, the latest of each
+    environment and objective winning."""
     if len(run_dirs) < 1:
         raise RunError("compare: give at least one run directory")
-    paths = expand_replicates(list(run_dirs))
+    numbers = evaluation_numbers(evaluation, len(run_dirs))
+    paths, chosen = [], []
+    for run_dir, number in zip(run_dirs, numbers, strict=True):
+        expanded = expand_replicates([run_dir])
+        paths += expanded
+        chosen += [number] * len(expanded)
     if not paths:
         raise RunError("compare: the parents given hold no seed directory yet")
-    runs = tuple(summarise_run(p, label) for p, label in zip(paths, unique_labels(paths),
-                                                               strict=True))
+    runs = tuple(summarise_run(p, label, evaluation=number)
+                 for p, label, number in zip(paths, unique_labels(paths), chosen, strict=True))
     keys = sorted(set().union(*(run.settings for run in runs)))
     differing = {}
     for key in keys:
@@ -496,7 +554,8 @@ def _safe_stem(stem: str) -> str:
 
 def comparison_data(comparison: Comparison, pooled: list[PooledVerdict] | None = None,
                     between: list[RunVerdict] | None = None) -> dict[str, Any]:
-    """The verdicts of ``comparison`` as plain data: the runs (directory, label), every
+    """The verdicts of ``comparison`` as plain data: the runs (directory, label, the
+    evaluation record read or ``None`` for the latest), every
     run's evolved objective against its baselines (``verdicts``), all runs together
     (``pooled``; estimates as ``{value, low, high}``), the runs against each other
     (``between_runs``) and the settings that differ. ``pooled`` and ``between`` are
@@ -504,7 +563,8 @@ def comparison_data(comparison: Comparison, pooled: list[PooledVerdict] | None =
     pooled = pooled_verdicts(comparison) if pooled is None else pooled
     between = between_runs(comparison) if between is None else between
     return {
-        "runs": [{"run_dir": str(run.run_dir), "label": run.label} for run in comparison.runs],
+        "runs": [{"run_dir": str(run.run_dir), "label": run.label,
+                  "evaluation": run.evaluation} for run in comparison.runs],
         "verdicts": [dataclasses.asdict(v) for v in verdicts(comparison)],
         "pooled": [{"env_id": p.env_id, "evolved": p.evolved, "baseline": p.baseline,
                     "counts": p.counts, "evolved_iqm": p.evolved_iqm.to_dict(),
