@@ -295,7 +295,8 @@ class VecEnvState:
 class EnvNoise(NamedTuple):
     """Every random draw of ``num_envs`` environments for one step (``[N, ...]`` each), or
     for a whole rollout (``[T, N, ...]``): the keys their dynamics may use and the fresh
-    episode starts that replace the episodes that end."""
+    episode starts that replace the episodes that end (``None`` when each step draws its
+    own from its key: :attr:`VecEnv.presample_resets` off)."""
 
     keys: jax.Array
     fresh_obs: jax.Array
@@ -309,12 +310,16 @@ class VecEnv:
     Observations are normalised by running mean/std and clipped to ±10; rewards are
     divided by the running std of the discounted return and clipped to ±10. Statistics
     are updated on every step, as in PureJaxRL's wrappers.
+
+    ``presample_resets``: whether :meth:`presample` draws the fresh episode starts of a
+    whole rollout up front (``True``) or leaves each step to draw its own from its key.
     """
 
     env: Env
     num_envs: int
     normalize_obs: bool = False
     normalize_reward: bool = False
+    presample_resets: bool = True
 
     @property
     def spec(self) -> EnvSpec:
@@ -345,9 +350,13 @@ class VecEnv:
     def presample(self, key: jax.Array, num_steps: int) -> EnvNoise:
         """All random draws for ``num_steps`` steps of every copy: :class:`EnvNoise` of
         ``[num_steps, N, ...]`` arrays, computed in one batch (feed slice ``t`` to
-        :meth:`step` at step ``t``)."""
+        :meth:`step` at step ``t``). Without ``presample_resets`` only the keys are drawn
+        (``fresh_obs`` and ``fresh_state`` are ``None``): each step then draws the starts
+        it needs from its key."""
         step_key, reset_key = jax.random.split(key)
         shape = (num_steps, self.num_envs)
+        if not self.presample_resets:
+            return EnvNoise(jax.random.split(step_key, shape), None, None)
         fresh_obs, fresh_state = jax.vmap(jax.vmap(self.env.reset))(
             jax.random.split(reset_key, shape)
         )
@@ -366,6 +375,8 @@ class VecEnv:
         """
         if noise is None:
             keys, fresh = jax.random.split(key, self.num_envs), None
+        elif noise.fresh_obs is None:  # presampled keys only: each step draws its resets
+            keys, fresh = noise.keys, None
         else:
             keys, fresh = noise.keys, (noise.fresh_obs, noise.fresh_state)
         obs, env_state, raw_reward, terminated, truncated, final_obs = jax.vmap(self.env.step)(
@@ -390,8 +401,10 @@ class VecEnv:
 def make_vec_env(
     env_id: str, num_envs: int, normalize_obs: bool = False, normalize_reward: bool = False,
     env_params: Mapping[str, Any] | Iterable[tuple[str, Any]] | None = None,
+    presample_resets: bool = True,
 ) -> VecEnv:
     """``num_envs`` copies of :func:`make_env` ``(env_id, env_params)``."""
     if num_envs < 1:
         raise ValueError(f"num_envs must be >= 1, got {num_envs}")
-    return VecEnv(make_env(env_id, env_params), num_envs, normalize_obs, normalize_reward)
+    return VecEnv(make_env(env_id, env_params), num_envs, normalize_obs, normalize_reward,
+                  presample_resets)

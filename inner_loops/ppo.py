@@ -52,6 +52,9 @@ from inner_loops.validation import (
 )
 
 POLICIES = ("auto", "categorical", "gaussian")
+SHUFFLES = ("sort", "permutation")
+FINAL_VALUES = ("batched", "in_rollout", "none")
+ENV_RESETS = ("auto", "presampled", "in_step")
 
 
 @dataclass(frozen=True)
@@ -87,6 +90,22 @@ class PPOConfig:
         normalize_advantages: standardise advantages per minibatch.
         learning_rate, gamma, gae_lambda, clip_eps, ent_coef, vf_coef, max_grad_norm:
             defaults of the traced :class:`Hyperparams`.
+        shuffle: how each epoch orders the batch into minibatches: ``"sort"`` (one sort of
+            random keys with the indices packed in, :func:`shuffled_indices`) or
+            ``"permutation"`` (``jax.random.permutation``, as PureJaxRL's ``ppo.py``). Both
+            draw a uniformly random order; they draw different ones from the same key.
+        final_values: how the observations that end episodes are valued for the targets of
+            truncated episodes: ``"batched"`` (kept in a ``[T, N, *obs_shape]`` buffer and
+            valued in one pass after the rollout), ``"in_rollout"`` (valued in each rollout
+            step, no buffer: the same targets) or ``"none"`` (not valued: an episode cut by
+            its time limit is treated as terminated, as PureJaxRL's ``ppo.py`` does; this
+            changes the targets wherever a time limit ends an episode).
+        env_resets: where the fresh episode starts that replace ending episodes are drawn:
+            ``"presampled"`` (a whole rollout's in one batch before it, the
+            :meth:`~inner_loops.envs.VecEnv.presample` buffer), ``"in_step"`` (each step
+            draws its own, as gymnax's ``step`` does) or ``"auto"`` (presampled on a CPU,
+            in-step elsewhere; see :func:`resolve_env_resets`). The two draw different
+            starts from the same key.
     """
 
     env_id: str = "CartPole-v1"
@@ -111,6 +130,9 @@ class PPOConfig:
     ent_coef: float = 0.01
     vf_coef: float = 0.5
     max_grad_norm: float = 0.5
+    shuffle: str = "sort"
+    final_values: str = "batched"
+    env_resets: str = "auto"
 
     def __post_init__(self):
         if not isinstance(self.env_id, str) or not self.env_id:
@@ -122,6 +144,9 @@ class PPOConfig:
         check_choice("activation", self.activation, networks.ACTIVATIONS)
         check_choice("precision", self.precision, PRECISIONS)
         check_choice("policy", self.policy, POLICIES)
+        check_choice("shuffle", self.shuffle, SHUFFLES)
+        check_choice("final_values", self.final_values, FINAL_VALUES)
+        check_choice("env_resets", self.env_resets, ENV_RESETS)
         if self.batch_size % self.num_minibatches:
             divisors = [d for d in range(1, self.batch_size + 1) if self.batch_size % d == 0]
             raise ValueError(
@@ -341,6 +366,11 @@ class PPOParts:
             returns a hidden state).
         action_low, action_high: ``[A]`` bounds continuous actions are clipped to before
             they reach the environment; ``None`` for discrete actions.
+        stop_rollout_gradient: for a meta-gradient that differentiates through
+            :func:`update`: what the rollout produces (transitions, environment states,
+            GAE advantages and targets) is data, with no gradient back to the parameters
+            that collected it, so none flows through the environment. It changes no value
+            an update computes (default ``False``: the plain update).
     """
 
     config: PPOConfig
@@ -349,6 +379,7 @@ class PPOParts:
     network: networks.ActorCritic
     action_low: jax.Array | None
     action_high: jax.Array | None
+    stop_rollout_gradient: bool = False
 
     @property
     def discrete(self) -> bool:
@@ -483,13 +514,22 @@ def step_environments(parts: PPOParts, hypers: Hyperparams, env_state: VecEnvSta
     return step, done, episodes, finished
 
 
-def collect_rollout(parts: PPOParts, hypers: Hyperparams, state: PPOState,
-                    action_key: jax.Array, env_key: jax.Array):
-    """``T = num_steps`` steps of the ``N`` environments from ``state``.
+def _rollout_step_valued(parts: PPOParts, hypers: Hyperparams, carry: RolloutCarry, noise):
+    """:func:`rollout_step` for ``final_values`` other than ``"batched"``: no final
+    observation leaves the step. With ``"in_rollout"`` the step values it instead (``[N]``),
+    with ``"none"`` nothing is kept of it."""
+    carry, (transition, finished) = rollout_step(parts, hypers, carry, noise)
+    final_value = None
+    if parts.config.final_values == "in_rollout":
+        final_value = parts.network.apply(carry.params, transition.final_obs,
+                                          method=parts.network.value)
+    return carry, (transition._replace(final_obs=None), finished, final_value)
 
-    Returns ``(carry, rollout, finished)``: the :class:`RolloutCarry` after the last step,
-    the :class:`Transition` s ``[T, N, ...]`` and the :class:`EpisodeEnds` ``[T, N]``.
-    """
+
+def _rollout(parts: PPOParts, hypers: Hyperparams, state: PPOState, action_key: jax.Array,
+             env_key: jax.Array):
+    """:func:`collect_rollout`, plus the ``[T, N]`` values of the final observations when
+    ``final_values`` is ``"in_rollout"`` (``None`` otherwise)."""
     config = parts.config
     # every random draw of the rollout is made here, in a few batched calls
     noise = (
@@ -497,20 +537,54 @@ def collect_rollout(parts: PPOParts, hypers: Hyperparams, state: PPOState,
                               (config.num_steps, config.num_envs, parts.vec_env.spec.action_dim)),
         parts.vec_env.presample(env_key, config.num_steps),
     )
+    start = RolloutCarry(state.params, state.env_state, state.obs, state.episodes)
     with jax.named_scope("rollout"):
-        carry, (rollout, finished) = jax.lax.scan(
-            functools.partial(rollout_step, parts, hypers),
-            RolloutCarry(state.params, state.env_state, state.obs, state.episodes),
-            noise,
-        )
-    return carry, rollout, finished
+        if config.final_values == "batched":
+            carry, (rollout, finished) = jax.lax.scan(
+                functools.partial(rollout_step, parts, hypers), start, noise)
+            return carry, rollout, finished, None
+        carry, (rollout, finished, final_values) = jax.lax.scan(
+            functools.partial(_rollout_step_valued, parts, hypers), start, noise)
+    return carry, rollout, finished, final_values
+
+
+def collect_rollout(parts: PPOParts, hypers: Hyperparams, state: PPOState,
+                    action_key: jax.Array, env_key: jax.Array):
+    """``T = num_steps`` steps of the ``N`` environments from ``state``.
+
+    Returns ``(carry, rollout, finished)``: the :class:`RolloutCarry` after the last step,
+    the :class:`Transition` s ``[T, N, ...]`` and the :class:`EpisodeEnds` ``[T, N]``.
+    ``rollout.final_obs`` is ``None`` unless ``final_values`` is ``"batched"``.
+    """
+    return _rollout(parts, hypers, state, action_key, env_key)[:3]
+
+
+def next_values(parts: PPOParts, params, rollout: Transition, final_values,
+                last_obs: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """``(next_values [T, N], terminated [T, N])`` that :func:`compute_gae` reads, by
+    ``final_values``: the value of each step's final observation (``"batched"``: valued
+    here in one pass; ``"in_rollout"``: as valued in the steps) with the episodes'
+    terminations; or, with ``"none"``, the next step's value (``last_obs``' after the last
+    step) with every episode end counted as a termination, so nothing bootstraps across a
+    time limit (PureJaxRL's targets)."""
+    choice, network = parts.config.final_values, parts.network
+    if choice == "batched":
+        return (network.apply(params, rollout.final_obs, method=network.value),
+                rollout.terminated)
+    if choice == "in_rollout":
+        return final_values, rollout.terminated
+    last = network.apply(params, last_obs, method=network.value)
+    return jnp.concatenate([rollout.value[1:], last[None]]), rollout.done
 
 
 def shuffle_into_minibatches(config: PPOConfig, batch: Minibatch, key: jax.Array) -> Minibatch:
     """``batch`` (fields ``[T, N, ...]``) flattened, shuffled and cut into
     ``[num_minibatches, minibatch_size, ...]``."""
     flat = jax.tree.map(lambda x: x.reshape(config.batch_size, *x.shape[2:]), batch)
-    order = shuffled_indices(key, config.batch_size)
+    if config.shuffle == "permutation":
+        order = jax.random.permutation(key, config.batch_size)
+    else:
+        order = shuffled_indices(key, config.batch_size)
     return jax.tree.map(
         lambda x: x[order].reshape(config.num_minibatches, -1, *x.shape[1:]), flat
     )
@@ -601,13 +675,17 @@ def summarise(diagnostics: dict[str, jax.Array], finished: EpisodeEnds, state: P
 def update(parts: PPOParts, meta_params, hypers: Hyperparams, state: PPOState, _=None):
     """One PPO update: rollout, GAE, epochs of minibatch steps. Returns ``(state, summary)``
     (the ``lax.scan`` body of :func:`advance`)."""
-    config, network = parts.config, parts.network
+    config = parts.config
     key, action_key, env_key, epoch_key = jax.random.split(state.key, 4)
-    carry, rollout, finished = collect_rollout(parts, hypers, state, action_key, env_key)
+    collector = (state.replace(params=jax.lax.stop_gradient(state.params))
+                 if parts.stop_rollout_gradient else state)
+    carry, rollout, finished, final_values = _rollout(parts, hypers, collector, action_key,
+                                                      env_key)
     with jax.named_scope("gae"):
-        next_values = network.apply(state.params, rollout.final_obs, method=network.value)
+        values_after, terminated = next_values(parts, collector.params, rollout, final_values,
+                                               carry.obs)
         advantages, targets = compute_gae(
-            rollout.reward, rollout.value, next_values, rollout.terminated,
+            rollout.reward, rollout.value, values_after, terminated,
             rollout.done, hypers.gamma, hypers.gae_lambda,
         )
     progress = state.update_count / config.num_updates
@@ -696,7 +774,7 @@ def make_parts(config: PPOConfig, objective: Objective | None = None,
     objective = (objective or Objective()).with_defaults(policy=ppo_clip(), value=clipped_l2())
     vec_env = make_vec_env(
         config.env_id, config.num_envs, config.normalize_obs, config.normalize_reward,
-        config.env_params,
+        config.env_params, resolve_env_resets(config.env_resets) == "presampled",
     )
     spec = vec_env.spec
     _check_policy_fits(config, spec.discrete)
@@ -707,6 +785,23 @@ def make_parts(config: PPOConfig, objective: Objective | None = None,
         action_high = jnp.asarray(spec.action_high, jnp.float32)
     return PPOParts(config, objective, vec_env, network_fn(config, spec), action_low,
                     action_high)
+
+
+def resolve_env_resets(choice: str, backend: str | None = None) -> str:
+    """What ``env_resets = choice`` means on ``backend`` (default ``jax.default_backend()``):
+    ``"presampled"`` or ``"in_step"``.
+
+    ``"auto"`` is ``"presampled"`` on a CPU: XLA's CPU backend runs every threefry draw as a
+    small loop of its own, so drawing a rollout's fresh starts in one batch before the step
+    loop costs far less than drawing them step by step (:mod:`inner_loops.envs`). Elsewhere
+    it is ``"in_step"``: on a GPU a step's draws are a few fused kernels, while presampled
+    starts are a ``[T, N, ...]`` buffer of whole environment states (MinAtar's hold 10x10
+    grids) written before and read during every rollout; drawing them in the step, as
+    gymnax and PureJaxRL's ``ppo.py`` do, leaves that memory traffic out.
+    """
+    if choice != "auto":
+        return choice
+    return "presampled" if (backend or jax.default_backend()) == "cpu" else "in_step"
 
 
 def make_train(config: PPOConfig, objective: Objective | None = None):
