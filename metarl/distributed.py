@@ -161,6 +161,13 @@ def initialize(
                                 local_device_ids)
     if cpu_collectives is not None:
         jax.config.update("jax_cpu_collectives_implementation", cpu_collectives)
+    # JAX's preemption service catches SIGTERM in C++ for a protocol metarl does not use
+    # (multihost_utils.reached_preemption_sync_point); runs stop on SIGTERM through
+    # metarl.runs.stopping, whose processes agree at every step. Left on, it would swallow
+    # a SIGTERM that arrives before a run installs its handler (the job would then run on
+    # until SIGKILL), and it keeps a key-value request of every process pending at the
+    # coordinator until shutdown.
+    jax.config.update("jax_enable_preemption_service", False)
     jax.distributed.initialize(
         **settings,
         initialization_timeout=initialization_timeout,
@@ -195,6 +202,18 @@ def barrier(name: str) -> None:
         from jax.experimental import multihost_utils
 
         multihost_utils.sync_global_devices(name)
+
+
+def largest(value: int) -> int:
+    """The largest of every process's ``value`` (``value`` itself for one process): how
+    processes that each may have a reason to stop agree on one (:mod:`metarl.runs.stopping`)."""
+    if jax.process_count() == 1:
+        return value
+    import numpy as np
+    from jax.experimental import multihost_utils
+
+    gathered = multihost_utils.process_allgather(np.asarray([value], np.int32))
+    return int(np.max(np.asarray(gathered)))
 
 
 def agree(text: str, max_bytes: int = 4096) -> str:

@@ -2,12 +2,18 @@
 command, reporting what this process saw.
 
 Usage: ``python tests/_distributed_worker.py REPORT [metarl arguments...]``. It runs the
-command line (:func:`metarl.cli.main`) unchanged, then writes a JSON object to the file
-``REPORT``: this process's rank, process count and devices, every generation it recorded
-(the generation's fitness and the ES mean after it, as this process holds them) and how many
-programs the jitted generation step was traced into. Only process 0 writes a run's files,
+command line (:func:`metarl.cli.main`) unchanged and keeps a JSON object in the file
+``REPORT``, written before the command starts and again after every generation it records
+(``metarl --distributed`` ends its process itself once every process has finished): this
+process's rank, process count and devices, every generation it recorded (the generation's
+fitness and the ES mean after it, as this process holds them) and how many programs the
+jitted generation step was traced into. Only process 0 writes a run's files,
 so without this report the other processes' view could not be checked. ``RunLedger.record``
 is wrapped here; nothing in metarl itself changes.
+
+With ``WORKER_SIGNAL_AFTER=N`` in its environment, the process sends itself SIGTERM once it
+has recorded generation ``N`` (and gives the signal a moment to be noticed), as a scheduler
+that signals one process of a job would.
 """
 
 from __future__ import annotations
@@ -15,7 +21,9 @@ from __future__ import annotations
 import faulthandler
 import json
 import os
+import signal
 import sys
+import time
 
 import jax
 import numpy as np
@@ -26,6 +34,13 @@ from metarl.runs import engine
 
 report: dict = {"generations": []}
 record_step = engine.RunLedger.record
+
+
+def write_report() -> None:
+    path = sys.argv[1]
+    with open(f"{path}.tmp", "w") as handle:
+        json.dump(report, handle)
+    os.replace(f"{path}.tmp", path)
 
 
 def record_and_report(ledger, state, record, seconds):
@@ -42,6 +57,10 @@ def record_and_report(ledger, state, record, seconds):
     mean = np.asarray(jax.device_get(state.es_state.mean), np.float64)
     report["generations"].append({"generation": line["generation"],
                                   "fitness": line["fitness"], "mean": mean.tolist()})
+    write_report()
+    if line["generation"] == int(os.environ.get("WORKER_SIGNAL_AFTER") or 0):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.5)  # the stop's watcher thread takes the signal meanwhile
     return line
 
 
@@ -49,9 +68,8 @@ if __name__ == "__main__":
     # A hang prints every thread's stack and exits, so the test fails with a reason.
     faulthandler.dump_traceback_later(float(os.environ.get("WORKER_WATCHDOG", "360")),
                                       exit=True)
-    report_path, arguments = sys.argv[1], sys.argv[2:]
     engine.RunLedger.record = record_and_report
-    code = main(arguments)
-    with open(report_path, "w") as handle:
-        json.dump(report, handle)
+    write_report()
+    code = main(sys.argv[2:])
+    write_report()  # reached only without --distributed
     sys.exit(code)

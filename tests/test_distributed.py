@@ -4,10 +4,12 @@
 devices each, joined by :mod:`jax.distributed` on 127.0.0.1 (gloo collectives), which shard
 every generation's 18 training runs over the four devices (padded to 20). One such run serves
 every multi-process check: its processes agree with each other exactly and with the same
-experiment run here in one process on one device, and the run locks, resumes and refuses as
-one. Each process reports what it saw (``tests/_distributed_worker.py``), since only process
-0 writes the run's files. Every wait is bounded: a process that hangs (e.g. its peer died
-inside a collective) is killed and the test fails. The settings' own tests need no processes.
+experiment run here in one process on one device, and the run locks, resumes, refuses and
+stops (on a signal to one of its processes) as one. Each process reports what it saw
+(``tests/_distributed_worker.py``), since only process 0 writes the run's files. Every wait
+is bounded: a process that hangs (e.g. its peer died inside a collective, or its exit hangs
+once another process has gone) is killed and the test fails. The settings' own tests need no
+processes.
 """
 
 from __future__ import annotations
@@ -61,6 +63,7 @@ seeds_per_candidate = 3
 common_seeds = false
 [run]
 chunk_size = 1
+checkpoint_every = 2
 progress = false
 """
 
@@ -94,17 +97,21 @@ def group_env(address: str, rank: int) -> dict[str, str]:
     return env
 
 
-def run_group(args: list, logs: Path, name: str) -> list[Finished]:
-    """``metarl --cpu-devices 2 --distributed ARGS`` as PROCESSES processes. They work in
-    step, so once one has ended the others must follow within PEER_GRACE seconds (a peer
-    left waiting in a collective would otherwise hang), and all within GROUP_TIMEOUT."""
+def run_group(args: list, logs: Path, name: str,
+              extra_env: dict[int, dict[str, str]] | None = None) -> list[Finished]:
+    """``metarl --cpu-devices 2 --distributed ARGS`` as PROCESSES processes (with
+    ``extra_env[rank]`` in a rank's environment). They work in step, so once one has ended
+    the others must follow within PEER_GRACE seconds (a peer left waiting in a collective
+    or in the distributed runtime's shutdown would otherwise hang), and all within
+    GROUP_TIMEOUT."""
     address = f"127.0.0.1:{free_port()}"
     reports = [logs / f"{name}{rank}.json" for rank in range(PROCESSES)]
     processes = {
         f"{name}{rank}": start_worker(
             WORKER, [str(reports[rank]), "--cpu-devices", str(LOCAL_DEVICES), "--distributed",
                      *map(str, args)],
-            group_env(address, rank), logs, f"{name}{rank}")
+            {**group_env(address, rank), **(extra_env or {}).get(rank, {})}, logs,
+            f"{name}{rank}")
         for rank in range(PROCESSES)
     }
     deadline = time.monotonic() + GROUP_TIMEOUT
@@ -244,6 +251,31 @@ def test_a_multi_process_run_locks_resumes_and_refuses_as_one(group_run, one_pro
     assert all(f"in use by process {os.getpid()}" in p.output for p in refused)
     assert all(p.report["generations"] == [] for p in refused)
     assert len(read_metrics(run_dir)) == GENERATIONS + 1
+
+
+@pytest.mark.timeout(900)
+def test_a_signal_to_one_process_stops_every_process_after_the_same_generation(
+        group_run, one_process_run, tmp_path):
+    """A resume to GENERATIONS + 2 generations whose process 1 alone receives SIGTERM once
+    it has recorded generation GENERATIONS + 1: the processes agree before the next
+    generation, so both stop there with exit code 4; generation GENERATIONS + 1, which
+    ``run.checkpoint_every = 2`` skips, is checkpointed by both together; process 0 records
+    the stop and why; and every process, the coordinator too, exits."""
+    run_dir = shutil.copytree(group_run.run_dir, tmp_path / "run")
+    stop_after = GENERATIONS + 1
+    stopped = run_group(["resume", run_dir, "--generations", GENERATIONS + 2, "--no-plots"],
+                        tmp_path, "stopped", {1: {"WORKER_SIGNAL_AFTER": str(stop_after)}})
+    assert [p.code for p in stopped] == [4] * PROCESSES, [p.output for p in stopped]
+    assert_processes_agree_with_one(stopped, one_process_run, [stop_after])
+    assert f"stopped by SIGTERM after generation {stop_after}" in stopped[1].output
+    assert (f"stopped by SIGTERM (received by another process) after generation "
+            f"{stop_after} (checkpoint {stop_after} saved)") in stopped[0].output
+    assert [line["generation"] for line in read_metrics(run_dir)] == [1, 2, stop_after]
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["2", "3"]
+    status = json.loads((run_dir / "status.json").read_text())
+    assert (status["state"], status["generation"]) == ("stopped", stop_after)
+    assert status["resume"] == f"metarl resume {run_dir}"
+    assert lock_holder(run_dir) is None
 
 
 @pytest.fixture

@@ -3,7 +3,8 @@
 One module per job:
 
 - :mod:`~metarl.runs.layout`: the files of a run directory, atomic writes, the errors
-  (:class:`RunError`, exit code 2; :class:`RunStopped`, exit code 3);
+  (:class:`RunError`, exit code 2; :class:`RunStopped`, exit code 3;
+  :class:`RunInterrupted`, exit code 4);
 - :mod:`~metarl.runs.lock`: one writer per directory (``flock``, released by the OS);
 - :mod:`~metarl.runs.config_history`: the saved config against the current one, and the
   record of accepted changes;
@@ -17,6 +18,9 @@ One module per job:
   other;
 - :mod:`~metarl.runs.trackers`: a run's metrics and figures sent to TensorBoard or W&B;
 - :mod:`~metarl.runs.listing`: ``metarl runs``;
+- :mod:`~metarl.runs.stopping`: a time limit and the signals that stop a run cleanly;
+- :mod:`~metarl.runs.archive`: a run directory packed into one file and unpacked
+  (``metarl pack`` / ``metarl unpack``);
 - :mod:`~metarl.runs.replicates`: a parent directory of runs started and continued together
   (replicated evolution);
 - :mod:`~metarl.runs.engine`: the loop every kind runs on (steps, metrics, checkpoints,
@@ -30,6 +34,7 @@ from metarl.runs.layout import (
     CheckpointError,
     DiskFullError,
     RunError,
+    RunInterrupted,
     RunStopped,
     atomic_write,
     read_metrics,
@@ -40,6 +45,7 @@ __all__ = [
     "CheckpointError",
     "DiskFullError",
     "RunError",
+    "RunInterrupted",
     "RunLockedError",
     "RunStopped",
     "acquire",

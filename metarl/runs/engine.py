@@ -29,7 +29,8 @@ and, optionally:
 
 This module gives every kind the guarantees of :mod:`metarl.runs` (one writer, atomic
 files, config change rules, damaged checkpoints skipped, a stop after
-``run.max_invalid_generations`` invalid steps in a row, trackers): :func:`start_run`
+``run.max_invalid_generations`` invalid steps in a row, a clean stop on a time limit or a
+signal (:mod:`metarl.runs.stopping`), trackers): :func:`start_run`
 starts a run, :func:`resume_run` continues one bit for bit from its newest usable
 checkpoint (with a longer budget, for kinds whose budget shapes no schedule) and
 :func:`load_run` reads one back. Each checkpoint holds the whole state, so a resumed run
@@ -44,6 +45,7 @@ before it trains, so that a joint program can continue several runs at once.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import time
@@ -58,7 +60,7 @@ import numpy as np
 
 from metarl import distributed
 from metarl.config import ConfigError, read_config_data, upgrade_saved_config
-from metarl.runs import config_history
+from metarl.runs import config_history, stopping
 from metarl.runs import start as runs_start
 from metarl.runs.checkpoint import DamagedCheckpoint, RunCheckpointer, score_of_line
 from metarl.runs.layout import (
@@ -67,6 +69,7 @@ from metarl.runs.layout import (
     PLOTS_DIR,
     CheckpointError,
     RunError,
+    RunInterrupted,
     RunStopped,
     now,
     read_metrics,
@@ -76,6 +79,7 @@ from metarl.runs.layout import (
     write_status,
 )
 from metarl.runs.lock import hold_run_lock
+from metarl.runs.replicates import is_replicated
 from metarl.runs.resume import find_resume_point, notify
 from metarl.runs.start import started_run
 
@@ -234,6 +238,14 @@ def _devices(program) -> int:
     return num_shards(getattr(program, "mesh", None))
 
 
+def current_backend() -> dict[str, str]:
+    """What computes this process's steps: JAX's platform (``cpu``, ``gpu``, ``tpu``), the
+    kind of its first device (``cpu``, ``NVIDIA H200``) and the JAX version. Kept in
+    ``status.json`` and in every checkpoint (``meta["backend"]``)."""
+    return {"platform": jax.default_backend(), "device_kind": jax.devices()[0].device_kind,
+            "jax": jax.__version__}
+
+
 class RunLedger:
     """What one run directory records of each step it takes, the same for a run alone
     (:func:`_train`) and for each run of a joint program (:func:`train_jointly`): the
@@ -243,13 +255,15 @@ class RunLedger:
     ``run.max_invalid_generations`` invalid steps in a row, and the status at the end.
 
     ``history`` and ``events`` are the run's lines so far (appended to in place); ``start``
-    the steps its state has done. Close it with :meth:`close_checkpoints`, then
-    :meth:`finish` (which raises :class:`RunStopped` for a run that stopped itself), and
-    :meth:`close_trackers` in any case.
+    the steps its state has done (checkpointed, or none); ``stopper`` is told how long each
+    checkpoint took. Close it with :meth:`close_checkpoints`, then :meth:`finish` (which
+    raises :class:`RunStopped` for a run that stopped itself), and :meth:`close_trackers` in
+    any case; a run stopped by its time limit or a signal calls :meth:`interrupt` instead of
+    :meth:`finish`.
     """
 
     def __init__(self, kind: RunKind, program, run_dir: Path, history: list[dict],
-                 events: list[dict], start: int):
+                 events: list[dict], start: int, stopper: stopping.Stopper | None = None):
         from metarl.runs.trackers import RunTrackers
 
         self.kind, self.program, self.run_dir = kind, program, run_dir
@@ -257,6 +271,8 @@ class RunLedger:
         self.config = program.config
         self.until = program.steps
         self.done_steps = start
+        self.saved = start  # the newest step with a checkpoint (0: none is needed yet)
+        self.stopper = stopper or stopping.Stopper()
         self.stopped: int | None = None
         self.primary = distributed.is_primary()  # only process 0 writes files
         self.limit = self.config.run.max_invalid_generations
@@ -269,6 +285,20 @@ class RunLedger:
     def active(self) -> bool:
         """Whether the run has steps left to take (neither finished nor stopped)."""
         return self.stopped is None and self.done_steps < self.until
+
+    @property
+    def unsaved(self) -> bool:
+        """Whether the last completed step has no checkpoint (``run.checkpoint_every``)."""
+        return self.done_steps > self.saved
+
+    def _save(self, step: int, state) -> None:
+        # every process calls save: orbax synchronises them and process 0 writes
+        started = self.stopper.clock()
+        meta = {"config": self.config.to_dict(), "history": self.history,
+                "events": self.events, "backend": current_backend()}
+        self.checkpointer.save(step, state, meta)
+        self.saved = step
+        self.stopper.note_save(self.stopper.clock() - started)
 
     def record(self, state, record: dict[str, Any], seconds: float) -> dict[str, Any]:
         """Record the next step: ``state`` after it and its ``record`` (what
@@ -294,21 +324,36 @@ class RunLedger:
         self.trackers.log(step, line)  # it keeps the numbers (metarl.runs.trackers.scalars)
         if self.after_step is not None:
             self.after_step(self.run_dir, state, self.primary)
-        # every process calls save: orbax synchronises them and process 0 writes
-        if step % self.config.run.checkpoint_every == 0 or step == self.until or self.stopped:
-            meta = {"config": self.config.to_dict(), "history": history,
-                    "events": self.events}
-            self.checkpointer.save(step, state, meta)
         self.done_steps = step
+        if step % self.config.run.checkpoint_every == 0 or step == self.until or self.stopped:
+            self._save(step, state)
         return line
+
+    def interrupt(self, state, reason: str, resume_dir: Path) -> str:
+        """Stop the run after its last completed step, whose ``state`` is given: save that
+        step's checkpoint if ``run.checkpoint_every`` skipped it, and record the stop
+        (``reason``; ``metarl resume resume_dir`` continues it) in ``status.json``.
+        Nothing here runs a JAX computation, so it does not wait behind a step in flight.
+        Returns what became of the run, for the stop's message."""
+        kind, done = self.kind, self.done_steps
+        if self.unsaved:
+            self._save(done, state)
+        what = (f"checkpoint {done} saved" if done else
+                f"no {kind.step_key} had completed")
+        if self.primary:
+            write_status(self.run_dir, "stopped", reason=reason,
+                         **{"generation": done, kind.step_key: done},
+                         message=f"stopped by {reason} after {kind.step_key} {done}; {what}",
+                         resume=f"metarl resume {resume_dir}")
+        return f"{kind.step_key} {done} ({what})"
 
     def close_checkpoints(self) -> None:
         self.checkpointer.close()
 
-    def finish(self) -> list[Path]:
-        """Write the final status (and, with trackers, draw and send the run's figures):
-        returns the figures' paths, or raises :class:`RunStopped` naming the step at which
-        the run stopped itself."""
+    def finish(self, figures: bool = True) -> list[Path]:
+        """Write the final status (and, with trackers and ``figures``, draw and send the
+        run's figures): returns the figures' paths, or raises :class:`RunStopped` naming the
+        step at which the run stopped itself."""
         kind, run_dir, until = self.kind, self.run_dir, self.until
         if self.stopped:
             stopped, limit = self.stopped, self.limit
@@ -326,7 +371,7 @@ class RunLedger:
             write_status(run_dir, "finished", **{"generation": until, kind.step_key: until},
                          budget=until)
         plots: list[Path] = []
-        if self.trackers:
+        if self.trackers and figures:
             plots = kind.plot(run_dir)
             self.trackers.log_figures(until, plots)
         return plots
@@ -346,19 +391,29 @@ def _progress_bar(total: int, initial: int, name: str, unit: str, config):
 def _train(kind: RunKind, program, state, run_dir: Path, history: list[dict],
            events: list[dict]) -> SteppedRun:
     """Take the program's remaining steps, writing metrics every step and checkpoints every
-    ``run.checkpoint_every`` steps and at the end (:class:`RunLedger`)."""
+    ``run.checkpoint_every`` steps and at the end (:class:`RunLedger`); stop early, the last
+    completed step checkpointed, on a time limit or a signal (:mod:`metarl.runs.stopping`:
+    :class:`RunInterrupted`)."""
     config = program.config
     until = program.steps
     start = program.completed(state)
-    ledger = RunLedger(kind, program, run_dir, history, events, start)
+    stopper = stopping.current()
+    ledger = RunLedger(kind, program, run_dir, history, events, start, stopper)
     bar = _progress_bar(until, start, config.name, kind.step_key, config)
     try:
         try:
             for step in range(start + 1, until + 1):
-                started = time.perf_counter()
-                state, record = program.step(state)
-                jax.block_until_ready(state)
+                reason = stopper.before_step(ledger.unsaved)
+                if reason is not None:
+                    _interrupt(kind, [ledger], [state], reason, None)
+                started, clock = time.perf_counter(), stopper.clock()
+                outcome = stopping.take_step(lambda state=state: program.step(state),
+                                             stopper, ledger.unsaved)
+                if outcome.abandoned is not None:
+                    _interrupt(kind, [ledger], [state], outcome.abandoned, step)
+                state, record = outcome.value
                 line = ledger.record(state, record, time.perf_counter() - started)
+                stopper.note_cycle(stopper.clock() - clock)
                 bar.set_postfix({kind.step_key: f"{step}/{until}", **program.postfix(line)},
                                 refresh=False)
                 bar.update(1)
@@ -371,6 +426,38 @@ def _train(kind: RunKind, program, state, run_dir: Path, history: list[dict],
     finally:
         ledger.close_trackers()
     return kind.result(run_dir, config, program, state, history, plots)
+
+
+def _resume_dir(run_dirs: list[Path]) -> Path:
+    """The directory ``metarl resume`` continues ``run_dirs`` from: the one run, or the
+    parent of replicated runs that holds them all."""
+    parents = {run_dir.parent for run_dir in run_dirs}
+    if len(run_dirs) > 1 and len(parents) == 1 and is_replicated(next(iter(parents))):
+        return next(iter(parents))
+    return run_dirs[0]
+
+
+def _interrupt(kind: RunKind, ledgers: list[RunLedger], states: list, reason: str,
+               lost: int | None) -> None:
+    """Stop the runs of ``ledgers`` (each after its last completed step, whose state is in
+    ``states``) for ``reason``; ``lost`` is the step that was in flight and is abandoned.
+    Runs that have finished or stopped themselves are closed as such. Raises
+    :class:`RunInterrupted`."""
+    resume_dir = _resume_dir([ledger.run_dir for ledger in ledgers])
+    parts = []
+    for ledger, state in zip(ledgers, states, strict=True):
+        if ledger.active:
+            what = ledger.interrupt(state, reason, resume_dir)
+            parts.append(what if len(ledgers) == 1 else f"{ledger.run_dir.name}: {what}")
+        else:
+            with contextlib.suppress(RunStopped):  # its status says so already
+                # no figures while a step is in flight: drawing one may compute behind it
+                ledger.finish(figures=lost is None)
+    in_flight = "" if lost is None else f"; {kind.step_key} {lost} was in flight and is lost"
+    message = (f"stopped by {reason} after {', '.join(parts)}{in_flight}. "
+               f"`metarl resume {resume_dir}` continues it")
+    raise RunInterrupted(message, resume_dir, min(ledger.done_steps for ledger in ledgers),
+                         abandoned=lost is not None)
 
 
 @dataclass
@@ -413,10 +500,13 @@ def train_jointly(kind: RunKind, joint, members: list[JointMember], name: str
     carried along unrecorded), so each member's steps are those it takes alone from its
     own state. Each line's ``seconds`` is the joint step's. Returns each member's
     :class:`SteppedRun`; :class:`RunStopped` is raised at the end, after every other
-    member has finished, when any member stopped itself.
+    member has finished, when any member stopped itself. A time limit or a signal stops
+    every run after the same joint step (:class:`RunInterrupted`, naming the parent that
+    ``metarl resume`` continues).
     """
+    stopper = stopping.current()
     ledgers = [RunLedger(kind, m.program, m.run_dir, m.history, m.events,
-                         m.program.completed(m.state)) for m in members]
+                         m.program.completed(m.state), stopper) for m in members]
     states = [m.state for m in members]
     first = members[0].program.config
     bar = _progress_bar(sum(ledger.until for ledger in ledgers),
@@ -428,9 +518,17 @@ def train_jointly(kind: RunKind, joint, members: list[JointMember], name: str
             joint_state = (joint.combine(states) if any(ledger.active for ledger in ledgers)
                            else None)
             while any(ledger.active for ledger in ledgers):
-                started = time.perf_counter()
-                joint_state, record = joint.step(joint_state)
-                jax.block_until_ready(joint_state)
+                unsaved = any(ledger.unsaved for ledger in ledgers if ledger.active)
+                reason = stopper.before_step(unsaved)
+                if reason is not None:
+                    _interrupt(kind, ledgers, states, reason, None)
+                started, clock = time.perf_counter(), stopper.clock()
+                outcome = stopping.take_step(
+                    lambda joint_state=joint_state: joint.step(joint_state), stopper, unsaved)
+                if outcome.abandoned is not None:
+                    lost = 1 + min(ledger.done_steps for ledger in ledgers if ledger.active)
+                    _interrupt(kind, ledgers, states, outcome.abandoned, lost)
+                joint_state, record = outcome.value
                 seconds = time.perf_counter() - started
                 lines = []
                 for index, (state, member_record) in enumerate(joint.split(joint_state,
@@ -438,6 +536,7 @@ def train_jointly(kind: RunKind, joint, members: list[JointMember], name: str
                     if ledgers[index].active:
                         states[index] = state
                         lines.append(ledgers[index].record(state, member_record, seconds))
+                stopper.note_cycle(stopper.clock() - clock)
                 best = max(lines, key=lambda line: score_of_line(line, kind.score_key))
                 behind = min(ledger.done_steps for ledger in ledgers)
                 until = max(ledger.until for ledger in ledgers)
@@ -475,8 +574,10 @@ def start_run(kind: RunKind, config, run_dir: str | Path | None = None, mesh=Non
     """Start a new run of ``config`` in ``run_dir`` (a fresh directory by default).
 
     Raises :class:`~metarl.runs.layout.RunError` if the directory holds another run or
-    another process is writing it (or a tracker of ``run.trackers`` is not installed), and
-    :class:`~metarl.runs.layout.RunStopped` when the run stops itself.
+    another process is writing it (or a tracker of ``run.trackers`` is not installed),
+    :class:`~metarl.runs.layout.RunStopped` when the run stops itself, and
+    :class:`~metarl.runs.layout.RunInterrupted` when a time limit or a signal stops it
+    (:mod:`metarl.runs.stopping`).
     """
     from metarl.runs.trackers import check_trackers
 
@@ -486,7 +587,8 @@ def start_run(kind: RunKind, config, run_dir: str | Path | None = None, mesh=Non
     check_trackers(config.run.trackers)
     with started_run(run_dir, config.to_dict(),
                      command=f"{kind.command} --run-dir {run_dir}", normalize=kind.normalize,
-                     budget_fields=kind.budget_fields, kind=kind.name, budget=program.steps):
+                     budget_fields=kind.budget_fields, kind=kind.name, budget=program.steps,
+                     backend=current_backend()):
         return _train(kind, program, program.init(), run_dir, [], [])
 
 
@@ -623,10 +725,40 @@ def prepare_resume(kind: RunKind, run_dir: Path, steps: int | None = None,
                                   changes=[{"field": path, "old": old, "new": new}])
         if records:
             write_json(run_dir / CONFIG_FILE, config.to_dict(), run_dir)
+        backend = current_backend()
+        before = found.meta.get("backend") if found is not None else None
+        if before is not None and before != backend:
+            events.append({"event": "backend_change", "after_step": done, "time": now(),
+                           "from": before, "to": backend})
+            _warn_backend_changed(run_dir, before, backend)
         write_metrics(run_dir, history, events, step_key=kind.step_key)
-        write_status(run_dir, "running", resumed=now(), kind=kind.name, budget=until)
+        write_status(run_dir, "running", resumed=now(), kind=kind.name, budget=until,
+                     backend=backend)
     _warn_if_devices_changed(run_dir, history, _devices(program))
     return JointMember(run_dir, program, state, history, events)
+
+
+def _describe_backend(backend: dict[str, str]) -> str:
+    return (f"{backend.get('platform', '?')} ({backend.get('device_kind', '?')}, jax "
+            f"{backend.get('jax', '?')})")
+
+
+def _warn_backend_changed(run_dir: Path, before: dict[str, str],
+                          backend: dict[str, str]) -> None:
+    """A run continued on another backend is warned about, not refused: another platform,
+    device or XLA compiles other kernels, whose float rounding training amplifies, so the
+    run goes on as a valid search that no longer repeats an uninterrupted one exactly --
+    which is what moving a search between a GPU lease and a CPU is for. The change is
+    recorded in ``metrics.jsonl`` (a ``backend_change`` event) so that nobody reads the run
+    as one that would repeat itself."""
+    warnings.warn(
+        f"{run_dir} was checkpointed on {_describe_backend(before)} and resumes on "
+        f"{_describe_backend(backend)}: from here on its numbers will differ from an "
+        "uninterrupted run's (float rounding, which training amplifies); recorded as a "
+        f"backend_change event in {METRICS_FILE}. To continue it exactly, resume it on "
+        f"{before.get('platform', 'the same backend')}.",
+        UserWarning, stacklevel=3,
+    )
 
 
 def _warn_if_devices_changed(run_dir: Path, history: list[dict], devices: int) -> None:

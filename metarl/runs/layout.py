@@ -7,7 +7,8 @@ Every run kind (evolution today, population training next) writes the same layou
     metrics.jsonl                one JSON line per step (generation or segment); lines with
                                  an ``"event"`` key record events such as accepted config
                                  changes and are skipped by :func:`read_metrics`
-    status.json                  started / finished / stopped, for ``metarl runs``
+    status.json                  running / finished / stopped (and why), the backend, for
+                                 ``metarl runs``
     run.lock                     held (``flock``) by the one process writing the directory
     checkpoints/<step>/          orbax checkpoints (:mod:`metarl.runs.checkpoint`)
     damaged-checkpoints/         checkpoints that did not read back, moved aside (never
@@ -64,6 +65,23 @@ class RunStopped(RuntimeError):
 
     Its checkpoints are kept; the command line exits with code 3.
     """
+
+
+class RunInterrupted(RuntimeError):
+    """A run stopped by its time limit or a signal (:mod:`metarl.runs.stopping`), its last
+    completed step checkpointed: ``metarl resume`` continues it exactly. The command line
+    exits with code 4.
+
+    Attributes:
+        run_dir: the directory ``metarl resume`` takes to continue it.
+        step: the steps completed and checkpointed.
+        abandoned: a step was in flight and was abandoned; its computation may still be
+            running, so a command line exits without waiting for it.
+    """
+
+    def __init__(self, message: str, run_dir: Path, step: int, abandoned: bool):
+        super().__init__(message)
+        self.run_dir, self.step, self.abandoned = run_dir, step, abandoned
 
 
 _DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
@@ -213,9 +231,16 @@ def read_status(run_dir: Path) -> dict[str, Any]:
     return status if isinstance(status, dict) else {}
 
 
+STOP_FIELDS = ("message", "reason", "resume")  # what a stop says, dropped once it goes on
+
+
 def write_status(run_dir: Path, state: str, **fields: Any) -> None:
-    """Record ``state`` (``running``, ``finished``, ``stopped``) keeping ``started``."""
+    """Record ``state`` (``running``, ``finished``, ``stopped``) keeping ``started`` (and
+    the other fields, but what a stop said once the run is no longer stopped)."""
     status = read_status(run_dir)
+    if state != "stopped":
+        for name in STOP_FIELDS:
+            status.pop(name, None)
     status.update(fields, state=state, updated=now())
     status.setdefault("started", now())
     write_json(run_dir / STATUS_FILE, status, run_dir)

@@ -4,8 +4,9 @@ A run is
 
 - ``running`` while a process holds its lock (:mod:`metarl.runs.lock`);
 - ``finished`` once it has completed its budget;
-- ``stopped`` when it stopped itself (e.g. every candidate invalid for too long) and
-  nobody has resumed it since;
+- ``stopped`` when it stopped itself (e.g. every candidate invalid for too long) or was
+  stopped by its time limit or a signal (:mod:`metarl.runs.stopping`), and nobody has
+  resumed it since;
 - ``interrupted`` otherwise: killed, crashed or out of disk; ``metarl resume`` continues it
   (from its last checkpoint, or from the beginning when it never reached one).
 
@@ -50,6 +51,7 @@ class RunInfo:
         best_fitness: best fitness so far (NaN before any valid candidate).
         started: when the run started (``YYYY-MM-DD HH:MM``).
         holder: who holds the lock, for a running run.
+        reason: why a stopped run stopped, when a time limit or a signal stopped it.
     """
 
     path: Path
@@ -61,6 +63,7 @@ class RunInfo:
     best_fitness: float
     started: str
     holder: dict[str, Any] | None = None
+    reason: str | None = None
 
 
 def _last_step_line(path: Path) -> dict[str, Any] | None:
@@ -129,8 +132,10 @@ def run_info(run_dir: str | Path) -> RunInfo:
         state = "stopped"
     else:
         state = "interrupted"
+    reason = status.get("reason") if state == "stopped" else None
     return RunInfo(run_dir, str(config.get("name", run_dir.name)), state, generation,
-                   budget, checkpoint, best, _started(run_dir, status), holder)
+                   budget, checkpoint, best, _started(run_dir, status), holder,
+                   reason if isinstance(reason, str) else None)
 
 
 def find_runs(root: str | Path, depth: int = MAX_DEPTH) -> list[Path]:
@@ -175,6 +180,8 @@ def format_runs(runs: list[RunInfo], root: str | Path | None = None) -> str:
         elif run.state in ("interrupted", "stopped"):
             note = (f"resumes from checkpoint {run.checkpoint}" if run.checkpoint is not None
                     else "resumes from the start (no checkpoint yet)")
+            if run.reason:  # a time limit's reason holds its numbers: the cause suffices
+                note = f"by {run.reason.split(' (')[0]}; {note}"
         best = f"{run.best_fitness:.4g}" if math.isfinite(run.best_fitness) else "-"
         rows.append((where(run.path) or ".", run.state, reached, best, run.started, note))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
