@@ -5,11 +5,15 @@ One module per job, each importing only those listed before it:
 
 - :mod:`.strategies`: the evosax strategies by name, what settings reach each, and how each
   starts, asks and is told (evosax is imported only when one is built);
-- :mod:`.config`: the experiment file's tables (objective, inner, es, fitness, run);
+- :mod:`.metagradient_config`: the ``[meta]`` table, which engine searches (evolution or
+  meta-gradients) and the meta-gradient engine's settings;
+- :mod:`.config`: the experiment file's tables (objective, inner, es, fitness, run, meta);
 - :mod:`.fitness`: training runs of candidates × seeds × environments -> one fitness each;
 - :mod:`.rungs`: a generation trained in rungs that stop all but the best candidates
   (successive halving);
 - :mod:`.generation`: the jitted generation (ask, train, score, tell) and its state;
+- :mod:`.metagradient`: the other engine, the jitted meta-gradient step (``K`` PPO updates
+  of every agent differentiated with respect to the meta-parameters) and its state;
 - :mod:`.tuning`: each objective searched over its declared grid on tuning seeds (tuned
   baselines, and fitness normalised by the tuned baseline);
 - :mod:`.evaluate`: the evolved objective against baselines on held-out seeds;
@@ -18,6 +22,7 @@ One module per job, each importing only those listed before it:
 - :mod:`.distill`: closed-form formulas fitted to a run's evolved function (``metarl
   distill``);
 - :mod:`.kind`: the run kind the engine runs (:mod:`metarl.runs.engine`);
+- :mod:`.metagradient_kind`: a meta-gradient run on the same engine and run directory;
 - :mod:`.replicated`: ``es.evolution_seeds = N`` evolutions as one program, in a parent of
   ``N`` ordinary run directories, their resume and one verdict across them.
 

@@ -16,6 +16,8 @@ field is documented on its dataclass below:
                              # tasks_per_generation: how many [[inner]] tasks each
                              # generation samples)
     [run]                    # RunConfig (metarl.config): seeds, chunking, checkpoints, output
+    [meta]                   # optional, MetaConfig: method = "metagradient" discovers by
+                             # meta-gradients instead (metarl.evolve.metagradient_config)
     [[held_out]]             # optional, as [[inner]]: tasks never trained on during
     env_id = "CartPole-v1"   # evolution, which `metarl evaluate` evaluates on as well
     env_params = { gravity = 12.0 }
@@ -60,6 +62,7 @@ from metarl.config import (
     plain,
     refuse_tables,
 )
+from metarl.evolve.metagradient_config import METAGRADIENT, MetaConfig
 from metarl.evolve.strategies import STRATEGIES as STRATEGY_SPECS
 from metarl.evolve.strategies import available_strategies, check_es_table, check_strategy
 from metarl.population.priors import Prior, hyperparameter_fields
@@ -399,6 +402,9 @@ class ExperimentConfig:
             besides the training tasks, marked "held out". None may be the same task
             (``env_id`` and ``env_params``) as a training task or another held-out one.
             Empty by default.
+        meta: see :class:`~metarl.evolve.metagradient_config.MetaConfig`: the engine
+            (evolution by default; ``method = "metagradient"`` takes meta-gradient steps
+            instead, and then has no ``[es]`` table).
     """
 
     name: str = "experiment"
@@ -409,6 +415,7 @@ class ExperimentConfig:
     fitness: FitnessConfig = field(default_factory=FitnessConfig)
     run: RunConfig = field(default_factory=RunConfig)
     held_out: tuple[Any, ...] = ()
+    meta: MetaConfig = field(default_factory=MetaConfig)
 
     def __post_init__(self):
         for table in ("inner", "held_out"):
@@ -441,6 +448,33 @@ class ExperimentConfig:
                 f"mean_return over a run; {self.fitness.metric!r} scores the run's end "
                 "alone. Use \"mean_return\"")
         self._check_task_sampling()
+        if self.meta.metagradient:
+            self._check_metagradient()
+
+    def _check_metagradient(self) -> None:
+        """A meta-gradient run has no evolution strategy and scores one PPO task: the
+        settings that would not apply are refused, each named."""
+        meta = f"a meta-gradient run (meta.method = {METAGRADIENT!r})"
+        default_es = ESConfig()
+        for field_ in dataclasses.fields(ESConfig):
+            if getattr(self.es, field_.name) != getattr(default_es, field_.name):
+                raise ConfigError(f"es.{field_.name}: {meta} has no evolution strategy, so "
+                                  "no [es] table; its settings are in [meta] (its budget "
+                                  "meta.steps)")
+        default_fitness = FitnessConfig()
+        for field_ in dataclasses.fields(FitnessConfig):
+            if (field_.name not in ("metric", "final_fraction")
+                    and getattr(self.fitness, field_.name) != getattr(default_fitness,
+                                                                       field_.name)):
+                raise ConfigError(f"fitness.{field_.name}: not a setting of {meta}; of "
+                                  "[fitness] it reads metric and final_fraction only")
+        if len(self.inner) != 1:
+            raise ConfigError(f"inner: {meta} trains on one [inner] task; got "
+                              f"{len(self.inner)} (held-out tasks go in [[held_out]])")
+        algorithm = algorithm_of(self.inner[0]).name
+        if algorithm != "ppo":
+            raise ConfigError(f"inner.algorithm: {meta} differentiates through PPO's "
+                              f"updates; got {algorithm!r}")
 
     def _check_distinct_tasks(self) -> None:
         """No two entries of ``inner`` and ``held_out`` are the same task."""
@@ -514,6 +548,10 @@ class ExperimentConfig:
         data = dataclasses.asdict(self)
         data["inner"] = [inner_to_dict(cfg) for cfg in self.inner]
         data["held_out"] = [inner_to_dict(cfg) for cfg in self.held_out]
+        if self.meta.metagradient:
+            del data["es"]  # none: _check_metagradient keeps it at its defaults
+        elif self.meta == MetaConfig():
+            del data["meta"]  # an evolution's config reads as it did before [meta] existed
         return plain(data)
 
     def replace(self, **changes) -> ExperimentConfig:
@@ -526,9 +564,9 @@ def config_from_dict(data: dict[str, Any]) -> ExperimentConfig:
     kind = data.pop("kind", "evolve")  # other kinds: metarl.kinds
     if kind != "evolve":
         raise ConfigError(f"kind: expected 'evolve' here, got {kind!r}")
-    refuse_tables(data, "evolve", ("objective", "es", "fitness", "inner"))
+    refuse_tables(data, "evolve", ("objective", "es", "fitness", "inner", "meta"))
     sections = {"objective": ObjectiveConfig, "es": ESConfig, "fitness": FitnessConfig,
-                "run": RunConfig}
+                "run": RunConfig, "meta": MetaConfig}
     kwargs: dict[str, Any] = {}
     for name, cls in sections.items():
         if name in data:

@@ -33,6 +33,7 @@ from metarl.evolve.config import ExperimentConfig, FitnessConfig, config_from_di
 from metarl.evolve.distill import distilled_objective
 from metarl.evolve.fitness import run_is_valid, run_return
 from metarl.evolve.generation import build_learner, search_start
+from metarl.evolve.metagradient import metagradient_start
 from metarl.evolve.tuning import DEFAULT_TUNE_BY, DEFAULT_TUNE_SEED, DEFAULT_TUNE_SEEDS
 from metarl.objectives import available_objectives, get_objective, make_objective
 from metarl.programs import shared_program
@@ -290,7 +291,8 @@ def evaluate_run(run_dir: str | Path, env_ids: list[str] | None = None, seeds: i
             use, and robust to the few failed seeds of heavy-tailed returns such as
             Acrobot's) or ``"mean"`` (what chose before this option existed).
         start: also train the meta-parameters the search started from
-            (:func:`metarl.evolve.generation.search_start`), row ``"start"`` after the
+            (:func:`metarl.evolve.generation.search_start`; a meta-gradient run's,
+            :func:`metarl.evolve.metagradient.metagradient_start`), row ``"start"`` after the
             evolved row, on the same held-out seeds, and with ``tune`` tuned as the
             evolved objective is (row ``"start (tuned)"``). The evolved objective is judged
             against it as against a baseline: whether the search did anything its
@@ -353,7 +355,7 @@ def evaluate_run(run_dir: str | Path, env_ids: list[str] | None = None, seeds: i
                           baselines, tasks, tune_by, start)
     learned = {EVOLVED: meta_params}
     if start:
-        learned[START] = search_start(objective, config.run.seed)
+        learned[START] = _search_start(objective, config)
     if tune:
         spec["tune"] = {"seeds": tune_seeds, "tune_seed": tune_seed, "by": tune_by,
                         "grids": {label: {name: plan.grid for name, plan in env.items()}
@@ -442,6 +444,15 @@ def evaluate_run(run_dir: str | Path, env_ids: list[str] | None = None, seeds: i
     if report.get("across"):
         report["across_figure"] = str(save_across_figure(run_dir, report, config.name))
     return report
+
+
+def _search_start(objective, config: ExperimentConfig):
+    """Where the run's search started: an evolution's
+    (:func:`~metarl.evolve.generation.search_start`) or a meta-gradient run's
+    (:func:`~metarl.evolve.metagradient.metagradient_start`, with its initial noise)."""
+    if config.meta.metagradient:
+        return metagradient_start(objective, config)
+    return search_start(objective, config.run.seed)
 
 
 def evaluation_tasks(config: ExperimentConfig, env_ids: Sequence[str] | None = None

@@ -195,6 +195,9 @@ class Evolution:
     """
 
     def __init__(self, config: ExperimentConfig, mesh=None):
+        if config.meta.metagradient:
+            raise ConfigError("meta.method: 'metagradient' takes meta-gradient steps "
+                              "(metarl.evolve.metagradient.MetaGradient), not generations")
         self.config = config
         if mesh is None and config.run.shard:
             mesh = population_mesh()

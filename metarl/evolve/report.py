@@ -57,6 +57,10 @@ def plot_run(run_dir: str | Path) -> list[Path]:
     out.mkdir(exist_ok=True)
     if "truncation" in history[-1]:  # es.truncations > 1: a line is one truncation
         fitness = plot_truncated_fitness(history, title=f"{config.name}: fitness per unroll")
+    elif config.meta.metagradient:  # a line's fitness is each agent's over its updates
+        fitness = plot_fitness(history, metric=config.fitness.metric,
+                               title=f"{config.name}: the agents' fitness per meta-gradient "
+                                     "step")
     else:
         fitness = plot_fitness(history, metric=config.fitness.metric,
                                title=f"{config.name}: fitness per generation")

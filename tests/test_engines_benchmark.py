@@ -1,0 +1,62 @@
+"""``benchmarks/engines.py`` (evolution against meta-gradients at equal agent-steps) runs end
+to end in its ``--smoke`` size and reports what it promises: per engine the agent-steps each
+search trained, the known answer's shape measure after every step and the agent-steps at
+which it crossed its threshold, and the held-out verdict against the search's start. One
+task (the drift's) keeps the test at about 20 CPU-seconds; the others differ only in their
+configs, which ``tests/test_metagradient_known_answers.py`` and ``test_known_answers.py``
+build."""
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+BENCHMARK = Path(__file__).resolve().parent.parent / "benchmarks" / "engines.py"
+
+
+def load_benchmark():
+    spec = importlib.util.spec_from_file_location("engines", BENCHMARK)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_engines_benchmark_compares_both_engines_at_equal_agent_steps(tmp_path):
+    engines = load_benchmark()
+    out = tmp_path / "engines.json"
+    returned = engines.main(["--smoke", "--task", "drift", "--agent-steps", "2048",
+                             "--out", str(out)])
+    report = json.loads(out.read_text())
+    assert report["smoke"] and report["meta_seeds"] == [0] and report["held_out_seeds"] == 4
+    assert report["agent_steps"] == 2048 and returned["tasks"].keys() == {"drift"}
+    task = report["tasks"]["drift"]
+    assert task["known_answer"] == "restoring slope > 1.45"
+    assert task["engines"].keys() == {"evolution", "metagradient"}
+    for engine, section in task["engines"].items():
+        run, = section["runs"]
+        # each engine trains its whole steps until the budget is reached, no further
+        assert 2048 <= run["agent_steps"] < 2048 + run["agent_steps_per_step"], engine
+        assert run["agent_steps"] == run["steps"] * run["agent_steps_per_step"]
+        steps_done = [point[0] for point in run["trajectory"]]
+        assert steps_done == [step * run["agent_steps_per_step"]
+                              for step in range(run["steps"] + 1)]
+        assert run["final_measure"] == run["trajectory"][-1][1]
+        reached = run["agent_steps_to_known_answer"]
+        crossed = [done for done, slope in run["trajectory"] if slope > 1.45]
+        assert reached == (crossed[0] if crossed else None)
+        held_out = run["held_out"]
+        assert held_out["verdict"] in ("better", "worse", "no difference found")
+        assert 0 <= held_out["p_improvement"]["value"] <= 1
+        assert np.isfinite(held_out["gain"])
+        assert section["summary"]["verdicts"] == [held_out["verdict"]]
+        assert section["summary"]["reached_known_answer"] == int(reached is not None)
+    evolution = task["engines"]["evolution"]["runs"][0]["config"]
+    metagradient = task["engines"]["metagradient"]["runs"][0]["config"]
+    assert "meta" not in evolution and metagradient["meta"]["method"] == "metagradient"
+    assert evolution["inner"] == metagradient["inner"]  # the same task for both
+    assert evolution["objective"] == metagradient["objective"]  # and the same objective
+    assert evolution["es"]["generations"] == task["engines"]["evolution"]["runs"][0]["steps"]
+    assert metagradient["meta"]["steps"] == task["engines"]["metagradient"]["runs"][0]["steps"]
