@@ -1,12 +1,23 @@
-"""``metarl run | resume | evaluate | plot | distill | compare | sweep | runs | devices``:
-the command line of the toolkit, and the only module that parses arguments and chooses
-devices. ``run`` starts an experiment file of any kind (:mod:`metarl.kinds`); ``resume``,
-``evaluate``, ``plot`` and ``distill`` read the kind of the run directory.
+"""``metarl run | resume | evaluate | plot | distill | compare | sweep | runs | pack | unpack
+| devices``: the command line of the toolkit, and the only module that parses arguments and
+chooses devices. ``run`` starts an experiment file of any kind (:mod:`metarl.kinds`);
+``resume``, ``evaluate``, ``plot`` and ``distill`` read the kind of the run directory.
+``pack RUN_DIR [-o FILE]`` writes a run directory into one ``.tar.gz`` and ``unpack FILE
+[--into DIR]`` restores it, to continue it on another machine (:mod:`metarl.runs.archive`).
+
+``run`` and ``resume`` take ``--time-limit DURATION`` (``90s``, ``9m``, ``1h30m``, or
+seconds), counted from the command's start: the run stops cleanly before it runs out. They
+also stop cleanly on SIGTERM or SIGINT, within seconds even in the middle of a long
+generation, whose work is then lost; a second signal ends the process at once
+(:mod:`metarl.runs.stopping`).
 
 Exit codes: 0 success; 2 a config or run-directory error (one line on stderr naming the
 problem, no traceback: a bad field, a directory in use or holding another run, no usable
 checkpoint, a refused config change, a full disk); 3 a run that stopped itself (e.g.
-``run.max_invalid_generations`` generations in a row with every candidate invalid).
+``run.max_invalid_generations`` generations in a row with every candidate invalid); 4 a
+run stopped by its time limit or a signal, its last completed generation or segment
+checkpointed: ``metarl resume RUN_DIR`` continues it exactly (128 + the signal's number
+after a second signal).
 
 For several processes (one per node), start ``metarl --distributed run ...`` in each:
 it initialises ``jax.distributed`` (:mod:`metarl.distributed`) and then runs the command;
@@ -19,7 +30,9 @@ shard their population over every device (``run.shard``, on by default), so all 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import time
 from pathlib import Path
 
 # Only modules that leave JAX unstarted are imported here: the CPU device count can only be
@@ -43,15 +56,48 @@ def _run(args) -> int:
                               f"{config_kind(config)!r} experiment")
         overrides.append(f"es.evolution_seeds={args.evolution_seeds!r}")
         config = load_experiment(args.config, overrides)  # validated: es.evolution_seeds
-    return _report(start(config, args.run_dir), args.no_plots)
+    return _report(start(config, args.run_dir, time_limit=_time_left(args)), args.no_plots)
 
 
 def _resume(args) -> int:
     from metarl.kinds import resume
 
     trackers = None if args.track is None else tuple(args.track)
-    return _report(resume(args.run_dir, args.generations, args.accept_config_change, trackers),
-                   args.no_plots)
+    return _report(resume(args.run_dir, args.generations, args.accept_config_change, trackers,
+                          time_limit=_time_left(args)), args.no_plots)
+
+
+def _time_limit(text: str) -> float:
+    """``--time-limit``'s value in seconds (an argparse error naming the forms otherwise)."""
+    from metarl.runs.stopping import parse_duration
+
+    try:
+        return parse_duration(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def _time_left(args) -> float | None:
+    """What is left of ``--time-limit`` after the command's start (imports, devices,
+    config): the budget counts from when the command started."""
+    if args.time_limit is None:
+        return None
+    return max(args.time_limit - (time.monotonic() - args.started), 1e-3)
+
+
+def _pack(args) -> int:
+    from metarl.runs.archive import pack_run
+
+    print(f"packed {args.run_dir} into {pack_run(args.run_dir, args.out)}")
+    return 0
+
+
+def _unpack(args) -> int:
+    from metarl.runs.archive import unpack_run
+
+    run_dir = unpack_run(args.archive, args.into)
+    print(f"unpacked {run_dir}; `metarl resume {run_dir}` continues it")
+    return 0
 
 
 def _report(result, no_plots: bool) -> int:
@@ -144,6 +190,18 @@ def _runs(args) -> int:
     return 0
 
 
+def _record_numbers(text: str) -> list[int]:
+    """``--evaluation 3`` or ``--evaluation 3,2,2``: record numbers of 1 or more."""
+    try:
+        numbers = [int(part) for part in text.split(",")]
+    except ValueError:
+        numbers = []
+    if not numbers or min(numbers) < 1:
+        raise argparse.ArgumentTypeError(
+            f"expected N or N,N,... (record numbers of evaluations/<N>.json), got {text!r}")
+    return numbers
+
+
 def _compare(args) -> int:
     from datetime import datetime
 
@@ -155,7 +213,7 @@ def _compare(args) -> int:
         save_comparison,
     )
 
-    comparison = compare_runs(args.run_dirs)
+    comparison = compare_runs(args.run_dirs, args.evaluation)
     # the bootstrapped verdicts, computed once for the table, the JSON and the figures
     pooled, between = pooled_verdicts(comparison), between_runs(comparison)
     print(format_comparison(comparison, pooled, between))
@@ -248,6 +306,14 @@ def _add_set(parser: argparse.ArgumentParser, example: str) -> None:
                              "as TOML; repeatable)")
 
 
+def _add_time_limit(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--time-limit", type=_time_limit, default=None, metavar="DURATION",
+        help="stop cleanly before this much time has passed since the command started "
+             "(e.g. 90s, 9m, 1h30m, 2h, or seconds): after the last generation or segment "
+             "that fits, checkpointed, with exit code 4; `metarl resume` continues it")
+
+
 def _add_run_commands(commands) -> None:
     """``run`` and ``resume``: the commands that train."""
     run = commands.add_parser(
@@ -259,6 +325,7 @@ def _add_run_commands(commands) -> None:
     run.add_argument("--run-dir", default=None,
                      help="where to write the run (default: <run.output_dir>/<name>-<time>)")
     run.add_argument("--no-plots", action="store_true", help="skip the plots at the end")
+    _add_time_limit(run)
     run.add_argument("--evolution-seeds", type=int, default=None, metavar="N",
                      help="run N independent evolutions of an evolution experiment as one "
                           "program: --run-dir becomes a parent of N ordinary run directories "
@@ -282,6 +349,7 @@ def _add_run_commands(commands) -> None:
                              "in the checkpoint in more than es.generations or run.trackers; "
                              "the change is recorded in metrics.jsonl and config_history.jsonl")
     resume.add_argument("--no-plots", action="store_true")
+    _add_time_limit(resume)
     resume.add_argument("--track", action="append", default=None, metavar="TRACKER",
                         choices=TRACKER_CHOICES,
                         help="send metrics and figures to these trackers from here on "
@@ -290,8 +358,8 @@ def _add_run_commands(commands) -> None:
 
 
 def _add_reading_commands(commands) -> None:
-    """``evaluate``, ``plot``, ``distill``, ``compare`` and ``runs``: the commands over saved
-    runs."""
+    """``evaluate``, ``plot``, ``distill``, ``compare``, ``runs``, ``pack`` and ``unpack``: the
+    commands over saved runs."""
     evaluate = commands.add_parser(
         "evaluate", help="train fresh agents with the evolved objective and baselines (a "
                          "parent of evolution seeds: every seed, and one verdict across them; "
@@ -391,6 +459,13 @@ def _add_reading_commands(commands) -> None:
                          help="folder for the figures and table (default: compare-<time> "
                               "beside the first run)")
     compare.add_argument("--no-plots", action="store_true", help="print the table only")
+    compare.add_argument("--evaluation", type=_record_numbers, default=None,
+                         metavar="N[,N...]",
+                         help="read each run's held-out scores from evaluations/<N>.json "
+                              "alone: one N for every run, or one per RUN_DIR in order "
+                              "(default: the latest evaluation of each environment and "
+                              "objective), so that a comparison made earlier can be made "
+                              "again after later evaluations")
     compare.set_defaults(handler=_compare)
 
     runs = commands.add_parser(
@@ -399,6 +474,23 @@ def _add_reading_commands(commands) -> None:
     runs.add_argument("dir", nargs="?", default="runs",
                       help="a run directory or a folder of them (default: runs)")
     runs.set_defaults(handler=_runs)
+
+    pack = commands.add_parser(
+        "pack", help="write a run directory into one .tar.gz to continue it elsewhere "
+                     "(refused while a process writes the run)")
+    pack.add_argument("run_dir", help="a run directory, or a parent of evolution seeds")
+    pack.add_argument("-o", "--out", default=None, metavar="FILE",
+                      help="the archive to write (default: RUN_DIR.tar.gz beside the run)")
+    pack.set_defaults(handler=_pack)
+
+    unpack = commands.add_parser(
+        "unpack", help="restore a run directory packed by `metarl pack`; `metarl resume` "
+                       "then continues it")
+    unpack.add_argument("archive", metavar="FILE")
+    unpack.add_argument("--into", default=".", metavar="DIR",
+                        help="the folder to unpack into (default: the current one); an "
+                             "existing run directory there is never overwritten")
+    unpack.set_defaults(handler=_unpack)
 
 
 def _add_tool_commands(commands) -> None:
@@ -465,12 +557,27 @@ def _show_warnings_as_lines(command: str):
     return original
 
 
+FILE_COMMANDS = ("runs", "pack", "unpack")  # they read and write files only: JAX need not start
+STOPPED_EXIT_CODE = 4  # a run stopped by its time limit or a signal, resumable
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run the command line ``argv`` (default: this process's); returns the exit code.
+
+    A run stopped while a step was in flight (a signal, or a time limit the step would
+    overrun) leaves that step's computation running: from the real command line
+    (``argv`` omitted) the process then ends at once, its files written and its lock
+    released, instead of waiting for it; called with ``argv``, as from Python, it returns
+    and the abandoned step finishes in the background. With ``--distributed`` the process
+    always ends here, once every process has finished (``os._exit`` with the exit code).
+    """
     import warnings
 
+    started = time.monotonic()
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.command == "runs":  # reads files only: JAX need not start
+    args.started = started
+    if args.command in FILE_COMMANDS:
         return _guarded(args)
     try:
         sharding.use_cpu_cores(args.cpu_devices)  # before JAX's first computation
@@ -488,17 +595,29 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--distributed: {error}")
     original = _show_warnings_as_lines(args.command)
     try:
-        return _guarded(args)
+        code = _guarded(args)
     finally:
         warnings.showwarning = original
         if args.distributed:
             distributed.shutdown()
+    if args.distributed or (getattr(args, "abandoned", False) and argv is None):
+        # Everything of the command is written and synced, and its lock released, by now.
+        # A process of a multi-process run ends here: once another process has gone (the
+        # coordinator, say), the interpreter's own exit can hang for good while it
+        # destroys XLA's CPU collectives and the distributed client, with no Python frame
+        # left to see; shutdown() above has already waited for every process to finish.
+        # A run that abandoned a step in flight ends here too: leaving normally would wait
+        # for that XLA computation (JAX's exit handlers tear the backend down).
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
 
 
 def _guarded(args) -> int:
     """Run the command; errors the user can act on become one line and an exit code."""
     from metarl.config import ConfigError
-    from metarl.runs.layout import RunError, RunStopped
+    from metarl.runs.layout import RunError, RunInterrupted, RunStopped
 
     try:
         return args.handler(args)
@@ -508,6 +627,10 @@ def _guarded(args) -> int:
     except RunStopped as stop:
         print(f"metarl {args.command}: {stop}", file=sys.stderr)
         return 3
+    except RunInterrupted as stop:
+        print(f"metarl {args.command}: {stop}", file=sys.stderr)
+        args.abandoned = stop.abandoned
+        return STOPPED_EXIT_CODE
 
 
 if __name__ == "__main__":

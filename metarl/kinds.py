@@ -17,6 +17,7 @@ Each kind describes itself with a :class:`~metarl.runs.engine.RunKind` (its modu
 
     result = start(load_experiment("experiments/value_distance_cartpole.toml"))
     resume(result.run_dir, generations=20)      # evolution runs may extend their budget
+    resume(result.run_dir, time_limit="9m")     # stops cleanly in time (RunInterrupted)
     report = evaluate(result.run_dir, seeds=8)  # options as the kind's evaluate takes them
     tuned = evaluate(result.run_dir, tune=True)  # baselines tuned first (evolution runs)
     robust = evaluate(result.run_dir, across={"learning_rate": [1e-4, 3e-4, 1e-3]})
@@ -44,6 +45,7 @@ from metarl.runs.engine import load_run as engine_load_run
 from metarl.runs.engine import resume_run, start_run
 from metarl.runs.layout import CONFIG_FILE, RunError, read_json
 from metarl.runs.replicates import is_replicated, read_replicates, replicate_dirs
+from metarl.runs.stopping import stop_conditions
 
 EVOLVE, PBT, CEM_RL, DVD = "evolve", "pbt", "cem_rl", "dvd"
 KIND_MODULES = {
@@ -66,6 +68,23 @@ def kind_of(data: dict[str, Any]) -> str:
 def kind_spec(kind: str):
     """The :class:`~metarl.runs.engine.RunKind` of ``kind``."""
     return importlib.import_module(KIND_MODULES[kind]).RUN_KIND
+
+
+def run_spec(config):
+    """The :class:`~metarl.runs.engine.RunKind` a run of ``config`` trains on: its kind's,
+    or for an evolution experiment with ``meta.method = "metagradient"`` the meta-gradient
+    engine's (:mod:`metarl.evolve.metagradient_kind`: another program and budget field,
+    every file of the run the same)."""
+    kind = config_kind(config)
+    if kind == EVOLVE and config.meta.metagradient:
+        return importlib.import_module("metarl.evolve.metagradient_kind").RUN_KIND
+    return kind_spec(kind)
+
+
+def run_dir_spec(run_dir: str | Path):
+    """:func:`run_spec` of the run in ``run_dir``."""
+    spec = kind_spec(run_kind(run_dir))
+    return run_spec(spec.read_config(run_dir)) if spec.name == EVOLVE else spec
 
 
 def experiment_from_dict(data: dict[str, Any]):
@@ -105,7 +124,8 @@ def run_kind(run_dir: str | Path) -> str:
         raise RunError(f"{run_dir / CONFIG_FILE}: {error}") from None
 
 
-def start(config, run_dir: str | Path | None = None, mesh=None):
+def start(config, run_dir: str | Path | None = None, mesh=None,
+          time_limit: float | str | None = None):
     """Start a run of ``config`` (any kind's, e.g. from :func:`load_experiment`) in
     ``run_dir`` (default: a fresh ``<run.output_dir>/<name>-<time>``) and train it to its
     budget (:func:`metarl.runs.engine.start_run`); ``mesh`` overrides the devices a
@@ -114,28 +134,36 @@ def start(config, run_dir: str | Path | None = None, mesh=None):
     An evolution experiment with ``es.evolution_seeds = N > 1`` starts ``N`` evolutions
     together in the parent ``run_dir``
     (:func:`metarl.evolve.replicated.start_replicated`), and returns a
-    :class:`~metarl.evolve.replicated.ReplicatedRun`."""
-    if config_kind(config) == EVOLVE and config.es.evolution_seeds > 1:
-        from metarl.evolve.replicated import start_replicated
+    :class:`~metarl.evolve.replicated.ReplicatedRun`.
 
-        return start_replicated(config, run_dir, mesh)
-    return start_run(kind_spec(config_kind(config)), config, run_dir, mesh)
+    The run stops cleanly before ``time_limit`` (seconds, or ``"9m"``, ``"1h30m"``) runs
+    out, and on SIGTERM or SIGINT (:mod:`metarl.runs.stopping`), raising
+    :class:`~metarl.runs.layout.RunInterrupted` with its last completed step checkpointed:
+    :func:`resume` continues it exactly."""
+    with stop_conditions(time_limit):
+        if config_kind(config) == EVOLVE and config.es.evolution_seeds > 1:
+            from metarl.evolve.replicated import start_replicated
+
+            return start_replicated(config, run_dir, mesh)
+        return start_run(run_spec(config), config, run_dir, mesh)
 
 
 def resume(run_dir: str | Path, generations: int | None = None,
            accept_config_change: bool = False, trackers: tuple[str, ...] | None = None,
-           mesh=None):
+           mesh=None, time_limit: float | str | None = None):
     """Continue the run in ``run_dir``, whatever its kind (:func:`metarl.runs.engine.
     resume_run`): ``generations`` extends an evolution run's budget (other kinds refuse
-    it), ``trackers`` (``--track``) replaces ``run.trackers`` from here on. A parent of
-    replicated evolutions continues every seed
-    (:func:`metarl.evolve.replicated.resume_replicated`)."""
-    if is_parent(run_dir):
-        from metarl.evolve.replicated import resume_replicated
+    it), ``trackers`` (``--track``) replaces ``run.trackers`` from here on, ``time_limit``
+    and the signals stop it as in :func:`start`. A parent of replicated evolutions
+    continues every seed (:func:`metarl.evolve.replicated.resume_replicated`)."""
+    with stop_conditions(time_limit):
+        if is_parent(run_dir):
+            from metarl.evolve.replicated import resume_replicated
 
-        return resume_replicated(run_dir, generations, accept_config_change, trackers, mesh)
-    return resume_run(kind_spec(run_kind(run_dir)), run_dir, generations,
-                      accept_config_change, trackers, mesh)
+            return resume_replicated(run_dir, generations, accept_config_change, trackers,
+                                     mesh)
+        return resume_run(run_dir_spec(run_dir), run_dir, generations,
+                          accept_config_change, trackers, mesh)
 
 
 def load_run(run_dir: str | Path):
@@ -144,7 +172,7 @@ def load_run(run_dir: str | Path):
     if is_parent(run_dir):
         names = ", ".join(str(d) for d in replicate_dirs(run_dir))
         raise RunError(f"{run_dir} is a parent of replicated runs; load each of them: {names}")
-    return engine_load_run(kind_spec(run_kind(run_dir)), run_dir)
+    return engine_load_run(run_dir_spec(run_dir), run_dir)
 
 
 def read_config(run_dir: str | Path):
