@@ -407,12 +407,7 @@ def build(side: str, settings: dict, variant: str, purejaxrl: Path):
         return (lambda key: train(key)["metrics"]), steps
     from inner_loops import make_train
 
-    overrides = parse_variant(variant)
-    if overrides.pop("matmul", "cpu") == "xla":
-        from vs_purejaxrl import use_xla_dense_products
-
-        use_xla_dense_products()
-    return make_train(metarl_config(settings, steps, overrides)), steps
+    return make_train(metarl_config(settings, steps, parse_variant(variant))), steps
 
 
 def generation_cost(smoke: bool) -> dict:

@@ -22,9 +22,10 @@ agents. PureJaxRL's ``ppo.py`` returns every step's ``info`` (``returned_episode
 ``returned_episode_returns``) as its metrics; metarl returns per-update summaries.
 
 metarl's variants (``--variants``) are ``PPOConfig`` fields joined by ``+``, e.g.
-``final_values=none+env_resets=in_step``, or ``default``; ``matmul=xla`` replaces the
-networks' CPU-arranged dense products (:mod:`inner_loops.linear`) by plain
-``lax.dot_general``, as flax's ``Dense`` does by default (a benchmark-only switch).
+``final_values=none+env_resets=in_step``, or ``default`` (the fields' defaults, which
+resolve by backend: on a GPU ``env_resets=in_step`` and ``matmul=xla``); ``matmul=cpu``
+gives the networks :mod:`inner_loops.linear`'s CPU arrangement of the dense products,
+``matmul=xla`` plain ``lax.dot_general``, as flax's ``Dense`` does by default.
 
     python benchmarks/vs_purejaxrl.py --purejaxrl .cache/purejaxrl --out result.json
     python benchmarks/vs_purejaxrl.py --purejaxrl .cache/purejaxrl --workloads cartpole_512 \\
@@ -130,16 +131,6 @@ def parse_variant(variant: str) -> dict:
     return fields
 
 
-def use_xla_dense_products() -> None:
-    """Make metarl's networks use ``lax.dot_general`` for their dense layers (flax's own
-    default) instead of :mod:`inner_loops.linear`'s CPU arrangement; call before building."""
-    import jax
-
-    from inner_loops import networks
-
-    networks.dot_general_for = lambda precision: jax.lax.dot_general
-
-
 class FiveValueStep:
     """A gymnax 1.0 environment with gymnax 0.0.x's ``step``, which PureJaxRL's wrappers
     call: ``done`` (terminated or truncated, as gymnax 0.0.x's ``done`` was) in place of
@@ -232,10 +223,8 @@ def build(side: str, workload: Workload, total_timesteps: int, variant: str,
         return (lambda key: train(key)["metrics"]), purejaxrl_update_returns
     from inner_loops import make_train
 
-    overrides = parse_variant(variant)
-    if overrides.pop("matmul", "cpu") == "xla":
-        use_xla_dense_products()
-    train = make_train(metarl_config(workload.settings, total_timesteps, overrides))
+    train = make_train(metarl_config(workload.settings, total_timesteps,
+                                     parse_variant(variant)))
 
     def update_returns(metrics):  # metarl carries a return forward through updates
         ended = np.asarray(metrics["episodes"]) > 0  # that ended no episode: skip those
@@ -311,6 +300,17 @@ def check_purejaxrl_folder(parser: argparse.ArgumentParser, folder: Path | None)
     missing = [name for name in ("ppo.py", "wrappers.py") if not (folder / name).is_file()]
     if missing:
         parser.error(f"--purejaxrl: {folder} has no {' or '.join(missing)}")
+
+
+def check_variants(parser: argparse.ArgumentParser, variants: list[str]) -> None:
+    """Refuse, on one line, a variant that is no valid ``PPOConfig`` (before any
+    measurement starts; building a config starts no JAX backend)."""
+    for variant in variants:
+        try:
+            metarl_config(CARTPOLE, CARTPOLE["NUM_ENVS"] * CARTPOLE["NUM_STEPS"],
+                          parse_variant(variant))
+        except (TypeError, ValueError) as error:
+            parser.error(f"--variants: {variant}: {error}")
 
 
 def order_of_round(sides: list[tuple[str, str]], round_index: int) -> list[tuple[str, str]]:
@@ -416,8 +416,7 @@ def main() -> None:
                                  args.purejaxrl)))
         return
     check_purejaxrl_folder(parser, args.purejaxrl)
-    for variant in args.variants:
-        parse_variant(variant)
+    check_variants(parser, args.variants)
     started = time.perf_counter()
     report = {
         "benchmark": "vs_purejaxrl",

@@ -12,7 +12,11 @@ action box ``[-1, 1]^A``; :mod:`inner_loops.continuous_control` maps it to the
 environment's bounds.
 
 Every network takes a ``precision`` (one of :data:`~inner_loops.linear.PRECISIONS`) for
-the operands of its matrix products; parameters and outputs are float32 either way.
+the operands of its matrix products; parameters and outputs are float32 either way. It also
+takes a ``matmul`` (one of :data:`~inner_loops.linear.MATMULS`): how those products are
+arranged, ``"cpu"`` (the default, :mod:`inner_loops.linear`'s arrangement for XLA's CPU
+backend), ``"xla"`` (plain ``dot_general``) or ``"auto"`` (by backend,
+:func:`~inner_loops.linear.resolve_matmul`); a learner passes its config's choice.
 """
 
 from __future__ import annotations
@@ -29,20 +33,20 @@ from inner_loops.linear import dot_general_for
 ACTIVATIONS = {"tanh": nn.tanh, "relu": nn.relu}
 
 
-def _dense(features: int, scale: float, precision: str) -> nn.Dense:
+def _dense(features: int, scale: float, precision: str, matmul: str) -> nn.Dense:
     return nn.Dense(
         features,
         kernel_init=nn.initializers.orthogonal(scale),
         bias_init=nn.initializers.zeros,
-        dot_general=dot_general_for(precision),
+        dot_general=dot_general_for(precision, matmul),
     )
 
 
 class MLP(nn.Module):
     """Hidden layers with orthogonal(sqrt 2) init, then a linear head of ``out_scale``.
 
-    ``precision`` (see :mod:`inner_loops.linear`) sets the operands of the matrix products;
-    parameters and outputs are float32 either way.
+    ``precision`` (see :mod:`inner_loops.linear`) sets the operands of the matrix products
+    and ``matmul`` their arrangement; parameters and outputs are float32 either way.
     """
 
     hidden_sizes: Sequence[int]
@@ -50,13 +54,14 @@ class MLP(nn.Module):
     out_scale: float
     activation: str = "tanh"
     precision: str = "float32"
+    matmul: str = "cpu"
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
         act = ACTIVATIONS[self.activation]
         for width in self.hidden_sizes:
-            x = act(_dense(width, np.sqrt(2.0), self.precision)(x))
-        return _dense(self.out_features, self.out_scale, self.precision)(x)
+            x = act(_dense(width, np.sqrt(2.0), self.precision, self.matmul)(x))
+        return _dense(self.out_features, self.out_scale, self.precision, self.matmul)(x)
 
 
 class ActorCritic(nn.Module):
@@ -74,11 +79,13 @@ class ActorCritic(nn.Module):
     hidden_sizes: Sequence[int] = (64, 64)
     activation: str = "tanh"
     precision: str = "float32"
+    matmul: str = "cpu"
 
     def setup(self):
         self.actor = MLP(self.hidden_sizes, self.action_dim, 0.01, self.activation,
-                         self.precision)
-        self.critic = MLP(self.hidden_sizes, 1, 1.0, self.activation, self.precision)
+                         self.precision, self.matmul)
+        self.critic = MLP(self.hidden_sizes, 1, 1.0, self.activation, self.precision,
+                          self.matmul)
         if not self.discrete:
             self.log_std = self.param("log_std", nn.initializers.zeros, (self.action_dim,))
 
@@ -163,10 +170,12 @@ class DeterministicActor(nn.Module):
     hidden_sizes: Sequence[int] = (256, 256)
     activation: str = "relu"
     precision: str = "float32"
+    matmul: str = "cpu"
 
     @nn.compact
     def __call__(self, obs: jax.Array) -> jax.Array:
-        mlp = MLP(self.hidden_sizes, self.action_dim, 0.01, self.activation, self.precision)
+        mlp = MLP(self.hidden_sizes, self.action_dim, 0.01, self.activation, self.precision,
+                  self.matmul)
         return jnp.tanh(mlp(flatten_obs(obs, self.obs_ndim)))
 
 
@@ -180,11 +189,12 @@ class SquashedGaussianActor(nn.Module):
     hidden_sizes: Sequence[int] = (256, 256)
     activation: str = "relu"
     precision: str = "float32"
+    matmul: str = "cpu"
 
     @nn.compact
     def __call__(self, obs: jax.Array) -> tuple[jax.Array, jax.Array]:
         out = MLP(self.hidden_sizes, 2 * self.action_dim, 0.01, self.activation,
-                  self.precision)(flatten_obs(obs, self.obs_ndim))
+                  self.precision, self.matmul)(flatten_obs(obs, self.obs_ndim))
         mean, raw_log_std = jnp.split(out, 2, axis=-1)
         log_std = LOG_STD_MIN + 0.5 * (LOG_STD_MAX - LOG_STD_MIN) * (jnp.tanh(raw_log_std) + 1)
         return mean, log_std
@@ -198,11 +208,13 @@ class QNetwork(nn.Module):
     hidden_sizes: Sequence[int] = (256, 256)
     activation: str = "relu"
     precision: str = "float32"
+    matmul: str = "cpu"
 
     @nn.compact
     def __call__(self, obs: jax.Array, action: jax.Array) -> jax.Array:
         x = jnp.concatenate([flatten_obs(obs, self.obs_ndim), action], axis=-1)
-        return MLP(self.hidden_sizes, 1, 1.0, self.activation, self.precision)(x)[..., 0]
+        return MLP(self.hidden_sizes, 1, 1.0, self.activation, self.precision,
+                   self.matmul)(x)[..., 0]
 
 
 def squashed_gaussian(mean: jax.Array, log_std: jax.Array, noise: jax.Array,
@@ -236,10 +248,11 @@ class GRUCell(nn.Module):
 
     features: int
     precision: str = "float32"
+    matmul: str = "cpu"
 
     @nn.compact
     def __call__(self, hidden: jax.Array, x: jax.Array) -> jax.Array:
-        dot_general = dot_general_for(self.precision)
+        dot_general = dot_general_for(self.precision, self.matmul)
         from_input = nn.Dense(3 * self.features, bias_init=nn.initializers.zeros,
                               dot_general=dot_general, name="input")(x)
         from_hidden = nn.Dense(3 * self.features, kernel_init=nn.initializers.orthogonal(),
@@ -272,12 +285,14 @@ class RecurrentActorCritic(nn.Module):
     hidden_sizes: Sequence[int] = (64,)
     activation: str = "tanh"
     precision: str = "float32"
+    matmul: str = "cpu"
 
     def setup(self):
-        self.cell = GRUCell(self.gru_size, self.precision)
+        self.cell = GRUCell(self.gru_size, self.precision, self.matmul)
         self.actor = MLP(self.hidden_sizes, self.action_dim, 0.01, self.activation,
-                         self.precision)
-        self.critic = MLP(self.hidden_sizes, 1, 1.0, self.activation, self.precision)
+                         self.precision, self.matmul)
+        self.critic = MLP(self.hidden_sizes, 1, 1.0, self.activation, self.precision,
+                          self.matmul)
         if not self.discrete:
             self.log_std = self.param("log_std", nn.initializers.zeros, (self.action_dim,))
 

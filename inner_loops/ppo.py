@@ -39,7 +39,7 @@ from inner_loops.envs import (
     make_vec_env,
 )
 from inner_loops.learner import Learner
-from inner_loops.linear import PRECISIONS
+from inner_loops.linear import MATMULS, PRECISIONS, resolve_matmul
 from inner_loops.objective import LossInputs, Objective, clipped_l2, ppo_clip
 from inner_loops.registry import register_algorithm
 from inner_loops.validation import (
@@ -106,6 +106,13 @@ class PPOConfig:
             draws its own, as gymnax's ``step`` does) or ``"auto"`` (presampled on a CPU,
             in-step elsewhere; see :func:`resolve_env_resets`). The two draw different
             starts from the same key.
+        matmul: how the networks' dense products are arranged: ``"cpu"``
+            (:mod:`inner_loops.linear`'s arrangement for XLA's CPU backend: narrow products
+            unrolled, narrow outputs column by column, a transposed copy before each weight
+            gradient), ``"xla"`` (one plain ``lax.dot_general`` each, flax's default) or
+            ``"auto"`` (``"cpu"`` on a CPU, ``"xla"`` elsewhere; see
+            :func:`~inner_loops.linear.resolve_matmul`). The same products: results agree
+            to float rounding.
     """
 
     env_id: str = "CartPole-v1"
@@ -133,6 +140,7 @@ class PPOConfig:
     shuffle: str = "sort"
     final_values: str = "batched"
     env_resets: str = "auto"
+    matmul: str = "auto"
 
     def __post_init__(self):
         if not isinstance(self.env_id, str) or not self.env_id:
@@ -147,6 +155,7 @@ class PPOConfig:
         check_choice("shuffle", self.shuffle, SHUFFLES)
         check_choice("final_values", self.final_values, FINAL_VALUES)
         check_choice("env_resets", self.env_resets, ENV_RESETS)
+        check_choice("matmul", self.matmul, MATMULS)
         if self.batch_size % self.num_minibatches:
             divisors = [d for d in range(1, self.batch_size + 1) if self.batch_size % d == 0]
             raise ValueError(
@@ -387,7 +396,8 @@ class PPOParts:
 
 
 def make_network(config: PPOConfig, spec: EnvSpec) -> networks.ActorCritic:
-    """The actor-critic of ``config`` for environment ``spec``."""
+    """The actor-critic of ``config`` for environment ``spec`` (``matmul`` resolved for
+    this backend)."""
     return networks.ActorCritic(
         action_dim=spec.action_dim,
         discrete=spec.discrete,
@@ -395,6 +405,7 @@ def make_network(config: PPOConfig, spec: EnvSpec) -> networks.ActorCritic:
         hidden_sizes=config.hidden_sizes,
         activation=config.activation,
         precision=config.precision,
+        matmul=resolve_matmul(config.matmul),
     )
 
 

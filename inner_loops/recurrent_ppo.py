@@ -34,6 +34,7 @@ from flax import struct
 from inner_loops import networks, ppo
 from inner_loops.envs import EnvSpec, VecEnvState
 from inner_loops.learner import Learner
+from inner_loops.linear import resolve_matmul
 from inner_loops.objective import Objective
 from inner_loops.ppo import EpisodeStats, Hyperparams, PPOConfig, PPOParts, Transition
 from inner_loops.registry import register_algorithm
@@ -51,13 +52,28 @@ class RecurrentPPOConfig(PPOConfig):
             MLPs on top of it.
 
     ``num_minibatches`` must divide ``num_envs``: a minibatch holds whole environments'
-    rollout sequences.
+    rollout sequences. Two of PPO's choices have one value here, and others are refused:
+    ``shuffle = "sort"`` (whole environments are shuffled, by
+    :func:`~inner_loops.ppo.shuffled_indices`) and ``final_values = "batched"`` (a truncated
+    episode's final observation is valued after the rollout, one cell step from the hidden
+    state of its last step). ``env_resets`` and ``matmul`` act as in PPO.
     """
 
     gru_size: int = 64
 
     def __post_init__(self):
         check_positive_int("gru_size", self.gru_size)
+        # PPO's alternatives are written for a batch of single steps; accepting them here
+        # would record a choice that does not act
+        for name, only, why in (
+                ("shuffle", "sort", "its minibatches are whole environments' sequences, "
+                                    "ordered by one packed sort"),
+                ("final_values", "batched", "it values each final observation after the "
+                                            "rollout, from the GRU state of the episode's "
+                                            "last step")):
+            if getattr(self, name) != only:
+                raise ValueError(f"{name}: got {getattr(self, name)!r}; recurrent PPO allows "
+                                 f"only {only!r} ({why})")
         for name in ("num_envs", "num_minibatches"):
             check_positive_int(name, getattr(self, name))
         if self.num_envs % self.num_minibatches:
@@ -137,6 +153,7 @@ def make_network(config: RecurrentPPOConfig, spec: EnvSpec) -> networks.Recurren
         hidden_sizes=config.hidden_sizes,
         activation=config.activation,
         precision=config.precision,
+        matmul=resolve_matmul(config.matmul),
     )
 
 
