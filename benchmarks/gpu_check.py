@@ -16,14 +16,25 @@ failure or overrun leaves the others' results; the orchestrating process never s
 4. ``generation``: the blog-sized generation, ``experiments/value_distance_cartpole.toml``
    with 256 candidates x 2 seeds x 5e5 steps: ``benchmarks/evolution_overhead.py`` (the
    jitted generation against the same agents' plain training, same objective), then
-   ``metarl run`` of the file for ``--generations`` generations (each line's seconds, and
-   the wall time between lines: what the run does beyond the jitted step).
+   ``metarl run`` of the file for ``--generations`` generations (each line's seconds, the
+   wall time between lines, and the host time between steps, below).
 5. ``variants``: PureJaxRL again and metarl's other ``--variants`` on the
-   ``--variant-workloads``: the A/B of the choices that differ by backend.
-6. ``main_job``: ``metarl run experiments/value_distance_cartpole.toml``, as a user starts it.
+   ``--variant-workloads``: the A/B of the choices that differ by backend (the defaults
+   resolve by backend, so on a GPU ``matmul=cpu`` and ``env_resets=presampled`` are the
+   CPU's choices).
+6. ``main_job``: ``metarl run experiments/value_distance_cartpole.toml``, as a user starts it,
+   with the host time between steps.
 7. ``throughput``: PPO's agent-steps per second by population (``benchmarks/throughput.py``).
 8. ``step_cost``: ``benchmarks/step_cost.py`` on this backend (PureJaxRL, metarl's default and
-   ``matmul=xla``): FLOPs, bytes and operations per agent-step as this backend compiles them.
+   ``matmul=cpu``): FLOPs, bytes and operations per agent-step as this backend compiles them.
+
+**Host time between steps** (``host_seconds`` of ``generation`` and ``main_job``): for each
+generation after the first, the seconds from the end of the previous generation's
+computation to the dispatch of its own, everything the run does on the host in between (its
+line, files, checkpoint: whatever the engine does not overlap with the step). The runs go
+through this script again (``--timed-run``), which wraps the evolution program's ``step``
+to note when it is called and when its arrays are ready, and then runs ``metarl run``
+unchanged.
 
 Each part starts only if the time left (``--budget``, default 480 s) is at least its
 estimated need, and is given at most what is left; a part skipped for time says so. Writes
@@ -41,6 +52,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -66,6 +78,7 @@ BLOG = ["es.population_size=256", "fitness.seeds_per_candidate=2",
 BLOG_SMOKE = ["es.population_size=2", "fitness.seeds_per_candidate=1",
               "inner.total_timesteps=1024", "inner.num_envs=2", "inner.num_steps=64",
               "inner.num_minibatches=2", "objective.options.hidden_sizes=[4]"]
+MAIN_JOB = "experiments/value_distance_cartpole.toml"
 
 
 def run(command: list[str], timeout: float, **kwargs) -> dict:
@@ -168,9 +181,10 @@ def generation(smoke: bool, generations: int, limit: float, out: Path) -> dict:
     left = limit - (time.perf_counter() - started)
     run_dir = out / "blog_generation_run"
     shutil.rmtree(run_dir, ignore_errors=True)
-    command = [sys.executable, "-m", "metarl", "run", "experiments/value_distance_cartpole.toml",
-               "--run-dir", str(run_dir), "--no-plots",
-               *[a for s in sets + [f"es.generations={generations}"] for a in ("--set", s)]]
+    timings = out / "blog_generation_times.json"
+    command = timed_run_command(
+        timings, [MAIN_JOB, "--run-dir", str(run_dir), "--no-plots",
+                  *[a for s in sets + [f"es.generations={generations}"] for a in ("--set", s)]])
     exit_code, wall, arrivals, tail = watch(command, run_dir / "metrics.jsonl", max(left, 1))
     lines = read_lines(run_dir / "metrics.jsonl")
     steps = [line["seconds"] for line in lines]
@@ -188,8 +202,77 @@ def generation(smoke: bool, generations: int, limit: float, out: Path) -> dict:
         "seconds_between_lines": [round(s, 3) for s in between],
         "seconds_around_steps": [round(b - s, 3) for b, s in zip(between, steps[1:],
                                                                    strict=False)],
+        **host_times(timings),
     }
     return result
+
+
+def main_job(smoke: bool, limit: float, out: Path) -> dict:
+    """The quick start's main job end to end, as a user starts it (through
+    :func:`timed_run_command`): its generations' seconds and the host time between them."""
+    run_dir = out / "work" / "main_job"
+    shutil.rmtree(run_dir, ignore_errors=True)
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    timings = out / "main_job_times.json"
+    sets = ["--set", "es.generations=2"] if smoke else []
+    command = timed_run_command(timings, [MAIN_JOB, "--run-dir", str(run_dir), "--no-plots",
+                                          *sets])
+    exit_code, wall, _, tail = watch(command, run_dir / "metrics.jsonl", limit)
+    lines = read_lines(run_dir / "metrics.jsonl")
+    return {"command": f"metarl run {MAIN_JOB} " + " ".join(sets), "exit": exit_code,
+            "wall_seconds": round(wall, 1), "generations": len(lines),
+            "generation_seconds": [round(line["seconds"], 3) for line in lines],
+            "best_fitness_so_far": lines[-1]["best_fitness_so_far"] if lines else None,
+            "log_tail": tail, **host_times(timings)}
+
+
+def timed_run_command(timings: Path, run_args: list[str]) -> list[str]:
+    """The command of ``metarl run RUN_ARGS`` through :func:`timed_run`, which writes the
+    steps' times to ``timings``."""
+    return [sys.executable, str(Path(__file__).resolve()), "--timed-run", str(timings),
+            "run", *run_args]
+
+
+def timed_run(timings: Path, cli_args: list[str]) -> int:
+    """``metarl CLI_ARGS`` in this process, the evolution program's ``step`` wrapped to note,
+    per step, when it is called (dispatched) and when its arrays are ready (the engine
+    waits for them in the same thread right after, so the wrap delays nothing); the
+    ``[dispatched, ready]`` pairs (``time.perf_counter``) go to ``timings`` as JSON.
+    Returns the command's exit code."""
+    import jax
+
+    from metarl.cli import main as metarl
+    from metarl.evolve.kind import EvolveProgram
+
+    times: list[list[float]] = []
+    original = EvolveProgram.step
+
+    def step(self, state):
+        dispatched = time.perf_counter()
+        out = jax.block_until_ready(original(self, state))
+        times.append([dispatched, time.perf_counter()])
+        return out
+
+    EvolveProgram.step = step
+    try:
+        code = metarl(cli_args)
+    finally:
+        timings.write_text(json.dumps({"steps": times}) + "\n")
+    return code
+
+
+def host_times(timings: Path) -> dict:
+    """From :func:`timed_run`'s file: per step its computation's seconds (dispatch to
+    ready), and per step after the first the host seconds before it (from the previous
+    step's end to its dispatch)."""
+    try:
+        steps = json.loads(timings.read_text())["steps"]
+    except (OSError, ValueError, KeyError):
+        return {"host_seconds": None}
+    host = [b[0] - a[1] for a, b in zip(steps[:-1], steps[1:], strict=True)]
+    return {"step_compute_seconds": [round(b - a, 4) for a, b in steps],
+            "host_seconds": [round(h, 4) for h in host],
+            "host_seconds_median": round(statistics.median(host), 4) if host else None}
 
 
 def watch(command: list[str], metrics: Path, limit: float):
@@ -242,9 +325,9 @@ def main() -> None:
     parser.add_argument("--workloads", nargs="+", choices=sorted(vs_purejaxrl.WORKLOADS),
                         default=list(vs_purejaxrl.WORKLOADS))
     parser.add_argument("--variants", nargs="+",
-                        default=["default", "matmul=xla", "env_resets=presampled",
+                        default=["default", "matmul=cpu", "env_resets=presampled",
                                  "final_values=none", "final_values=in_rollout",
-                                 "matmul=xla+final_values=in_rollout", "shuffle=permutation"],
+                                 "shuffle=permutation", "final_values=none+shuffle=permutation"],
                         help="metarl variants for the head-to-head (vs_purejaxrl.py)")
     parser.add_argument("--variant-workloads", nargs="+",
                         choices=sorted(vs_purejaxrl.WORKLOADS),
@@ -261,6 +344,7 @@ def main() -> None:
     args = parser.parse_args()
     if {"head_to_head", "variants", "step_cost"} & set(args.parts):
         vs_purejaxrl.check_purejaxrl_folder(parser, args.purejaxrl)
+    vs_purejaxrl.check_variants(parser, args.variants)
     args.out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
@@ -315,12 +399,10 @@ def main() -> None:
             result = generation(args.smoke, 2 if args.smoke else args.generations, limit,
                                 args.out)
         elif part == "main_job":
-            import gpu_experiments
-
-            result = gpu_experiments.run_main_job(limit, args.smoke, args.out / "work")
+            result = main_job(args.smoke, limit, args.out)
         elif part == "step_cost":
             counted = run([sys.executable, str(BENCHMARKS / "step_cost.py"), "--purejaxrl",
-                           str(args.purejaxrl), "--variants", "default", "matmul=xla",
+                           str(args.purejaxrl), "--variants", "default", "matmul=cpu",
                            "--out", str(args.out / "step_cost.json")]
                           + (["--smoke", "--settings", "cartpole"] if args.smoke else []),
                           limit)
@@ -339,4 +421,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["--timed-run"]:  # a child of the generation and main_job parts
+        sys.exit(timed_run(Path(sys.argv[2]), sys.argv[3:]))
     main()

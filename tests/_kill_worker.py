@@ -13,14 +13,17 @@ With ``METARL_TEST_PAUSE_IN_GENERATION = N`` an evolution run stops inside gener
 instead: its jitted step (every rung of it, with ``es.rungs > 1``: the rungs are one
 program) has been dispatched and nothing of it is written yet (no line in
 ``metrics.jsonl``, no meta-parameter files, no checkpoint ``N``); the worker prints
-``PAUSED_IN_GENERATION`` and sleeps, so the test can SIGKILL it there.
+``PAUSED_IN_GENERATION`` and sleeps, so the test can SIGKILL it there. The engine writes
+generation ``N - 1``'s line and checkpoint while generation ``N`` computes, so the pause
+waits until they are written before it says so.
 
-Nothing in metarl itself is changed: only orbax's handler and the evolution program's
-``step`` are wrapped, here.
+Nothing in metarl itself is changed: only orbax's handler, the evolution program's
+``step`` and the engine's ``RunLedger.write`` are wrapped, here.
 """
 
 import os
 import sys
+import threading
 import time
 
 import orbax.checkpoint as ocp
@@ -47,8 +50,17 @@ if pause_at > 0:
 pause_in_generation = int(os.environ.get("METARL_TEST_PAUSE_IN_GENERATION") or 0)
 if pause_in_generation > 0:
     from metarl.evolve.kind import EvolveProgram
+    from metarl.runs import engine
 
     original_step = EvolveProgram.step
+    original_write = engine.RunLedger.write
+    previous_written = threading.Event()
+
+    def write_then_note(self):
+        step = self.done_steps if self.pending is not None else None
+        original_write(self)
+        if step == pause_in_generation - 1:
+            previous_written.set()
 
     def step_then_freeze(self, state):
         # the state before the step is ready (the engine waited for it): reading its
@@ -56,10 +68,13 @@ if pause_in_generation > 0:
         generation = self.completed(state) + 1
         state, record = original_step(self, state)
         if generation == pause_in_generation:
+            if generation > 1:
+                previous_written.wait(600)
             print("PAUSED_IN_GENERATION", flush=True)
             time.sleep(600)
         return state, record
 
+    engine.RunLedger.write = write_then_note
     EvolveProgram.step = step_then_freeze
 
 args = sys.argv[2:]

@@ -36,6 +36,18 @@ checkpoint (with a longer budget, for kinds whose budget shapes no schedule) and
 :func:`load_run` reads one back. Each checkpoint holds the whole state, so a resumed run
 equals the uninterrupted one.
 
+**The host work of a step runs beside the next step.** Once step ``k`` is computed, the
+engine makes its line (``program.summary``) and calls ``after_step``; then it starts step
+``k + 1`` (:func:`metarl.runs.stopping.start_step`: a worker thread dispatches it and waits
+for it) and, while that computes, appends step ``k``'s line to ``metrics.jsonl``, logs it to
+the trackers and saves its checkpoint when one is due (:meth:`RunLedger.write`); only then
+does it wait for step ``k + 1``. Steps donate no buffers, so state ``k`` stays readable
+while ``k + 1`` computes; every file is written as before (atomically, the checkpoint
+committed only when complete), so a kill at any moment still resumes exactly, and a stop
+writes step ``k``'s files before it saves and exits. A multi-process run keeps the two in
+turn (its checkpoint saves synchronise the processes, and must not interleave with a
+step's collectives); :func:`overlaps_host_work` says which.
+
 What one run directory records of a step is a :class:`RunLedger`; :func:`_train` keeps one,
 and :func:`train_jointly` keeps one per run when a *joint* program advances several runs
 with one step (replicated evolution, :mod:`metarl.evolve.replicated`), each run writing its
@@ -48,7 +60,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
-import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -71,6 +82,7 @@ from metarl.runs.layout import (
     RunError,
     RunInterrupted,
     RunStopped,
+    append_metrics,
     now,
     read_metrics,
     remove_stale_temporaries,
@@ -246,6 +258,13 @@ def current_backend() -> dict[str, str]:
             "jax": jax.__version__}
 
 
+def overlaps_host_work() -> bool:
+    """Whether a step's host work (:meth:`RunLedger.write`) runs beside the next step: in a
+    process of its own, yes; in a multi-process run no, since a checkpoint save synchronises
+    the processes and must not interleave with the collectives of a step in flight."""
+    return distributed.process_count() == 1
+
+
 class RunLedger:
     """What one run directory records of each step it takes, the same for a run alone
     (:func:`_train`) and for each run of a joint program (:func:`train_jointly`): the
@@ -254,12 +273,17 @@ class RunLedger:
     ``run.checkpoint_every`` steps and at the end, the stop after
     ``run.max_invalid_generations`` invalid steps in a row, and the status at the end.
 
+    A step is recorded in two parts: :meth:`account` (its line, the invalid-step rule and
+    ``after_step``, before the next step starts) and :meth:`write` (its line appended to
+    ``metrics.jsonl``, the trackers, its checkpoint when due: the work that can run beside
+    the next step); :meth:`record` does both.
+
     ``history`` and ``events`` are the run's lines so far (appended to in place); ``start``
     the steps its state has done (checkpointed, or none); ``stopper`` is told how long each
-    checkpoint took. Close it with :meth:`close_checkpoints`, then :meth:`finish` (which
-    raises :class:`RunStopped` for a run that stopped itself), and :meth:`close_trackers` in
-    any case; a run stopped by its time limit or a signal calls :meth:`interrupt` instead of
-    :meth:`finish`.
+    checkpoint took. Close it with :meth:`close_checkpoints` (after a last :meth:`write`),
+    then :meth:`finish` (which raises :class:`RunStopped` for a run that stopped itself),
+    and :meth:`close_trackers` in any case; a run stopped by its time limit or a signal
+    calls :meth:`interrupt` instead of :meth:`finish`.
     """
 
     def __init__(self, kind: RunKind, program, run_dir: Path, history: list[dict],
@@ -280,6 +304,10 @@ class RunLedger:
         self.trackers = RunTrackers(self.config.run.trackers, run_dir, run_dir.name,
                                     self.config.to_dict(), self.primary)
         self.checkpointer = _checkpointer(kind, run_dir, self.config)
+        self.pending = None  # the state of the accounted step whose files are not written
+        # events in metrics.jsonl as this ledger wrote it (None: not written yet, so the
+        # first write replaces the file whole: it may hold lines a killed process wrote)
+        self.written_events: int | None = None
 
     @property
     def active(self) -> bool:
@@ -301,8 +329,17 @@ class RunLedger:
         self.stopper.note_save(self.stopper.clock() - started)
 
     def record(self, state, record: dict[str, Any], seconds: float) -> dict[str, Any]:
-        """Record the next step: ``state`` after it and its ``record`` (what
-        ``program.summary`` reads), which took ``seconds``. Returns its line."""
+        """Record the next step whole (:meth:`account`, then :meth:`write`). Returns its
+        line."""
+        line = self.account(state, record, seconds)
+        self.write()
+        return line
+
+    def account(self, state, record: dict[str, Any], seconds: float) -> dict[str, Any]:
+        """The first part of recording the next step: ``state`` after it and its ``record``
+        (what ``program.summary`` reads), which took ``seconds``. Makes its line, adds it
+        to the history, applies the invalid-step rule and calls ``after_step``; its files
+        wait for :meth:`write`. Returns its line."""
         kind, program, history = self.kind, self.program, self.history
         step = self.done_steps + 1
         line = program.summary(step, record)
@@ -319,15 +356,31 @@ class RunLedger:
         history.append(line)
         if self.limit and _invalid_streak(history, kind.valid_key) >= self.limit:
             self.stopped = step
-        if self.primary:
-            write_metrics(self.run_dir, history, self.events, step_key=kind.step_key)
-        self.trackers.log(step, line)  # it keeps the numbers (metarl.runs.trackers.scalars)
-        if self.after_step is not None:
+        if self.after_step is not None:  # may compute with JAX: not beside a step
             self.after_step(self.run_dir, state, self.primary)
         self.done_steps = step
+        self.pending = state
+        return line
+
+    def write(self) -> None:
+        """The second part of recording the step :meth:`account` took last, if not done
+        yet: its line appended to ``metrics.jsonl``, the trackers, and its checkpoint every
+        ``run.checkpoint_every`` steps, at the end and at a stop. Nothing here computes
+        with JAX (the checkpoint reads ready arrays), so it may run beside the next step."""
+        if self.pending is None:
+            return
+        state, step, line = self.pending, self.done_steps, self.history[-1]
+        if self.primary:
+            if self.written_events == len(self.events):
+                append_metrics(self.run_dir, line)
+            else:
+                write_metrics(self.run_dir, self.history, self.events,
+                              step_key=self.kind.step_key)
+                self.written_events = len(self.events)
+        self.trackers.log(step, line)  # it keeps the numbers (metarl.runs.trackers.scalars)
         if step % self.config.run.checkpoint_every == 0 or step == self.until or self.stopped:
             self._save(step, state)
-        return line
+        self.pending = None
 
     def interrupt(self, state, reason: str, resume_dir: Path) -> str:
         """Stop the run after its last completed step, whose ``state`` is given: save that
@@ -335,6 +388,7 @@ class RunLedger:
         (``reason``; ``metarl resume resume_dir`` continues it) in ``status.json``.
         Nothing here runs a JAX computation, so it does not wait behind a step in flight.
         Returns what became of the run, for the stop's message."""
+        self.write()
         kind, done = self.kind, self.done_steps
         if self.unsaved:
             self._save(done, state)
@@ -353,7 +407,9 @@ class RunLedger:
     def finish(self, figures: bool = True) -> list[Path]:
         """Write the final status (and, with trackers and ``figures``, draw and send the
         run's figures): returns the figures' paths, or raises :class:`RunStopped` naming the
-        step at which the run stopped itself."""
+        step at which the run stopped itself. The last step must be written
+        (:meth:`write`) before the checkpoints are closed."""
+        self.write()  # (already written where the checkpoints were closed since)
         kind, run_dir, until = self.kind, self.run_dir, self.until
         if self.stopped:
             stopped, limit = self.stopped, self.limit
@@ -391,13 +447,14 @@ def _progress_bar(total: int, initial: int, name: str, unit: str, config):
 def _train(kind: RunKind, program, state, run_dir: Path, history: list[dict],
            events: list[dict]) -> SteppedRun:
     """Take the program's remaining steps, writing metrics every step and checkpoints every
-    ``run.checkpoint_every`` steps and at the end (:class:`RunLedger`); stop early, the last
-    completed step checkpointed, on a time limit or a signal (:mod:`metarl.runs.stopping`:
-    :class:`RunInterrupted`)."""
+    ``run.checkpoint_every`` steps and at the end (:class:`RunLedger`), each step's files
+    beside the next step (module doc); stop early, the last completed step checkpointed, on
+    a time limit or a signal (:mod:`metarl.runs.stopping`: :class:`RunInterrupted`)."""
     config = program.config
     until = program.steps
     start = program.completed(state)
     stopper = stopping.current()
+    overlap = overlaps_host_work()
     ledger = RunLedger(kind, program, run_dir, history, events, start, stopper)
     bar = _progress_bar(until, start, config.name, kind.step_key, config)
     try:
@@ -406,19 +463,23 @@ def _train(kind: RunKind, program, state, run_dir: Path, history: list[dict],
                 reason = stopper.before_step(ledger.unsaved)
                 if reason is not None:
                     _interrupt(kind, [ledger], [state], reason, None)
-                started, clock = time.perf_counter(), stopper.clock()
-                outcome = stopping.take_step(lambda state=state: program.step(state),
-                                             stopper, ledger.unsaved)
+                clock = stopper.clock()
+                flight = stopping.start_step(lambda state=state: program.step(state))
+                ledger.write()  # the previous step's files, while this one computes
+                outcome = flight.wait(stopper, ledger.unsaved)
                 if outcome.abandoned is not None:
                     _interrupt(kind, [ledger], [state], outcome.abandoned, step)
                 state, record = outcome.value
-                line = ledger.record(state, record, time.perf_counter() - started)
+                # in turn, the step's files are written now; beside the next step, then
+                line = (ledger.account if overlap else ledger.record)(state, record,
+                                                                      outcome.seconds)
                 stopper.note_cycle(stopper.clock() - clock)
                 bar.set_postfix({kind.step_key: f"{step}/{until}", **program.postfix(line)},
                                 refresh=False)
                 bar.update(1)
                 if ledger.stopped:
                     break
+            ledger.write()
         finally:
             bar.close()
             ledger.close_checkpoints()
@@ -505,6 +566,7 @@ def train_jointly(kind: RunKind, joint, members: list[JointMember], name: str
     ``metarl resume`` continues).
     """
     stopper = stopping.current()
+    overlap = overlaps_host_work()
     ledgers = [RunLedger(kind, m.program, m.run_dir, m.history, m.events,
                          m.program.completed(m.state), stopper) for m in members]
     states = [m.state for m in members]
@@ -522,20 +584,26 @@ def train_jointly(kind: RunKind, joint, members: list[JointMember], name: str
                 reason = stopper.before_step(unsaved)
                 if reason is not None:
                     _interrupt(kind, ledgers, states, reason, None)
-                started, clock = time.perf_counter(), stopper.clock()
-                outcome = stopping.take_step(
-                    lambda joint_state=joint_state: joint.step(joint_state), stopper, unsaved)
+                clock = stopper.clock()
+                flight = stopping.start_step(
+                    lambda joint_state=joint_state: joint.step(joint_state))
+                for ledger in ledgers:  # the previous step's files, while this one computes
+                    ledger.write()
+                outcome = flight.wait(stopper, any(ledger.unsaved for ledger in ledgers
+                                                   if ledger.active))
                 if outcome.abandoned is not None:
                     lost = 1 + min(ledger.done_steps for ledger in ledgers if ledger.active)
                     _interrupt(kind, ledgers, states, outcome.abandoned, lost)
                 joint_state, record = outcome.value
-                seconds = time.perf_counter() - started
+                seconds = outcome.seconds
                 lines = []
                 for index, (state, member_record) in enumerate(joint.split(joint_state,
                                                                            record)):
                     if ledgers[index].active:
                         states[index] = state
-                        lines.append(ledgers[index].record(state, member_record, seconds))
+                        ledger = ledgers[index]
+                        lines.append((ledger.account if overlap else ledger.record)(
+                            state, member_record, seconds))
                 stopper.note_cycle(stopper.clock() - clock)
                 best = max(lines, key=lambda line: score_of_line(line, kind.score_key))
                 behind = min(ledger.done_steps for ledger in ledgers)
@@ -546,6 +614,8 @@ def train_jointly(kind: RunKind, joint, members: list[JointMember], name: str
                                  **members[0].program.postfix(best),
                                  "steps_per_s": f"{rate:.3g}"}, refresh=False)
                 bar.update(len(lines))
+            for ledger in ledgers:
+                ledger.write()
         finally:
             bar.close()
             for ledger in ledgers:

@@ -20,6 +20,13 @@ Files are replaced atomically (:func:`atomic_write`: a temporary file in the sam
 directory, flushed and synced, then renamed over the old one), so a process killed at any
 moment leaves either the old or the new file, both whole. A write that fails for a full disk
 raises :class:`DiskFullError` naming the file; the file it was replacing is left as it was.
+
+``metrics.jsonl`` is the one file that grows by appending while a run trains
+(:func:`append_line`: one write of the whole line, then a sync), so that a step costs its
+own line, not the whole history. A process killed inside that write can leave a last line
+cut short, without its newline: readers (:func:`read_jsonl`) skip such a line, and a resume
+writes the file anew, atomically, from the history of the checkpoint it continues from. An
+append that fails (a full disk) cuts the file back to its lines before it.
 """
 
 from __future__ import annotations
@@ -163,9 +170,46 @@ def append_jsonl(path: str | Path, line: dict[str, Any], run_dir: Path | None = 
     write_jsonl(path, [*lines, line], run_dir)
 
 
-def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
+def append_line(path: str | Path, line: dict[str, Any], run_dir: Path | None = None) -> None:
+    """Append ``line`` as one JSON line to ``path`` (created if missing) in one write, then
+    sync it. If the write fails, the file is cut back to its length before, and the error
+    raised as :func:`write_failure`'s."""
     path = Path(path)
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    data = memoryview((json.dumps(line) + "\n").encode())
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+    except OSError as error:
+        raise write_failure(error, path, run_dir) from error
+    try:
+        size = os.fstat(fd).st_size
+        try:
+            while data:  # a regular file takes it in one write unless the disk fills
+                data = data[os.write(fd, data):]
+            os.fsync(fd)
+        except OSError as error:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, size)
+            raise write_failure(error, path, run_dir) from error
+    finally:
+        os.close(fd)
+
+
+def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
+    """Every line of a JSON-lines file, but a last line without its newline that does not
+    parse: one still being appended, or cut short by a kill (:func:`append_line`)."""
+    text = Path(path).read_text()
+    rows = text.splitlines()
+    lines = []
+    for index, row in enumerate(rows):
+        if not row.strip():
+            continue
+        try:
+            lines.append(json.loads(row))
+        except ValueError:
+            if index == len(rows) - 1 and not text.endswith("\n"):
+                break
+            raise
+    return lines
 
 
 def read_json(path: str | Path, default: Any = None) -> Any:
@@ -219,7 +263,15 @@ def merge_events(history: list[dict[str, Any]], events: list[dict[str, Any]],
 
 def write_metrics(run_dir: Path, history: list[dict[str, Any]],
                   events: list[dict[str, Any]] = (), step_key: str = "generation") -> None:
+    """Replace ``metrics.jsonl`` with ``history`` and ``events`` (:func:`merge_events`),
+    atomically."""
     write_jsonl(run_dir / METRICS_FILE, merge_events(history, list(events), step_key), run_dir)
+
+
+def append_metrics(run_dir: Path, line: dict[str, Any]) -> None:
+    """Append one step's ``line`` to ``metrics.jsonl`` (:func:`append_line`); the file must
+    already hold every line and event before it."""
+    append_line(run_dir / METRICS_FILE, line, run_dir)
 
 
 # --------------------------------------------------------------------------------------

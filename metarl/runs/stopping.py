@@ -5,17 +5,18 @@ A run trains under :func:`stop_conditions` (``metarl run|resume --time-limit``,
 engine (:mod:`metarl.runs.engine`) asks its :class:`Stopper` whether to go on:
 
 - **Between steps** (:meth:`Stopper.before_step`): it stops after a signal, or when the
-  time left is less than what the next step may need: ``MARGIN`` times the longest step so
-  far (with its line, files and checkpoint), plus the longest checkpoint save (the stop
-  writes one), plus ``EXIT_SECONDS``. Under :mod:`jax.distributed` every process asks at
+  time left is less than what the next step may need: ``MARGIN`` times the longest cycle so
+  far (a step, with the host work the engine does while it computes and after it), plus
+  the longest checkpoint save (the stop writes one), plus ``EXIT_SECONDS``. Under :mod:`jax.distributed` every process asks at
   the same step and they agree (the largest reason wins), so all stop at that step.
-- **While a step trains** (:func:`take_step`): the step runs in a worker thread and the
-  main thread waits for it in polls of ``POLL_SECONDS``, so that it can react although the
-  step is inside a jitted XLA computation (a Python signal handler runs only between
-  bytecodes of the main thread, and a wait in ``jax.block_until_ready`` is in C++). On a
-  signal, or when the time left only covers the stop itself, the step is *abandoned*: its
-  result is never used, the engine saves the last completed step from the state it still
-  holds (steps donate no buffers) and the process exits without waiting for the
+- **While a step trains** (:func:`start_step`, then :meth:`InFlight.wait`): the step runs
+  in a worker thread, so that the main thread can do the previous step's host work beside
+  it (:mod:`metarl.runs.engine`) and then wait for it in polls of ``POLL_SECONDS``, reacting
+  although the step is inside a jitted XLA computation (a Python signal handler runs only
+  between bytecodes of the main thread, and a wait in ``jax.block_until_ready`` is in C++).
+  On a signal, or when the time left only covers the stop itself, the step is *abandoned*:
+  its result is never used, the engine saves the last completed step from the state it
+  still holds (steps donate no buffers) and the process exits without waiting for the
   computation (:mod:`metarl.cli`). One process alone only: processes of a
   multi-process run cannot agree while one of them is inside a collective computation, so
   they stop at the end of the step in flight.
@@ -101,7 +102,7 @@ class Stopper:
         self.deadline = None if time_limit is None else self.clock() + time_limit
         self.signal: int | None = None
         self.signals = 0
-        self.longest_cycle = 0.0  # a step with its line, files and any checkpoint
+        self.longest_cycle = 0.0  # a step, with the host work beside and after it
         self.longest_save: float | None = None
         self._lock = threading.Lock()
 
@@ -288,36 +289,58 @@ def stop_conditions(time_limit: float | str | None = None) -> Iterator[Stopper]:
 
 @dataclass
 class StepOutcome:
-    """What :func:`take_step` came back with: the step's ``value`` (ready), or why it was
-    ``abandoned`` in flight."""
+    """What :meth:`InFlight.wait` came back with: the step's ``value`` (ready) and the
+    ``seconds`` from its start to the moment it was ready, or why it was ``abandoned`` in
+    flight."""
 
     value: Any = None
     abandoned: str | None = None
+    seconds: float | None = None
+
+
+class InFlight:
+    """A step started by :func:`start_step`, computing in a worker thread."""
+
+    def __init__(self, step: Callable[[], Any]):
+        import jax
+
+        self._box: dict[str, Any] = {}
+        self._done = threading.Event()
+        self.started = time.perf_counter()
+
+        def work() -> None:
+            try:
+                self._box["value"] = jax.block_until_ready(step())
+            except BaseException as error:  # noqa: BLE001 - handed to the main thread
+                self._box["error"] = error
+            finally:
+                self._box["finished"] = time.perf_counter()
+                self._done.set()
+
+        # a daemon: an abandoned step must not keep the interpreter from exiting
+        threading.Thread(target=work, name="metarl-step", daemon=True).start()
+
+    def wait(self, stopper: Stopper, must_save: bool) -> StepOutcome:
+        """Wait until the step's arrays are ready, looking up every ``POLL_SECONDS`` to ask
+        ``stopper`` whether to abandon it (module doc). An error of the step is raised
+        here."""
+        while not self._done.wait(POLL_SECONDS):
+            reason = stopper.abandon_reason(must_save)
+            if reason is not None:
+                return StepOutcome(abandoned=reason)
+        if "error" in self._box:
+            raise self._box["error"]
+        return StepOutcome(self._box["value"],
+                           seconds=self._box["finished"] - self.started)
+
+
+def start_step(step: Callable[[], Any]) -> InFlight:
+    """Start ``step()`` in a worker thread, which also waits there until its arrays are
+    ready; :meth:`InFlight.wait` collects it."""
+    return InFlight(step)
 
 
 def take_step(step: Callable[[], Any], stopper: Stopper, must_save: bool) -> StepOutcome:
-    """Run ``step()`` and wait until its arrays are ready, in a worker thread, looking up
-    every ``POLL_SECONDS`` to ask ``stopper`` whether to abandon it (module doc). An error
-    of the step is raised here."""
-    import jax
-
-    box: dict[str, Any] = {}
-    done = threading.Event()
-
-    def work() -> None:
-        try:
-            box["value"] = jax.block_until_ready(step())
-        except BaseException as error:  # noqa: BLE001 - handed to the main thread
-            box["error"] = error
-        finally:
-            done.set()
-
-    # a daemon: an abandoned step must not keep the interpreter from exiting
-    threading.Thread(target=work, name="metarl-step", daemon=True).start()
-    while not done.wait(POLL_SECONDS):
-        reason = stopper.abandon_reason(must_save)
-        if reason is not None:
-            return StepOutcome(abandoned=reason)
-    if "error" in box:
-        raise box["error"]
-    return StepOutcome(box["value"])
+    """Run ``step()`` and wait until its arrays are ready (:func:`start_step`, then
+    :meth:`InFlight.wait`)."""
+    return start_step(step).wait(stopper, must_save)
