@@ -44,6 +44,7 @@ from jax.flatten_util import ravel_pytree
 
 from metarl.cli import main
 from metarl.config import ConfigError
+from metarl.evolve import report as report_module
 from metarl.evolve.config import config_from_dict
 from metarl.evolve.generation import Evolution, search_start
 from metarl.evolve.metagradient import MetaGradient, first_lifetimes, metagradient_start
@@ -329,14 +330,27 @@ def test_sigkill_during_a_save_then_resume(reference, tmp_path, capsys):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
-def test_evaluate_and_plot_read_a_metagradient_run(reference):
-    """``metarl evaluate`` (with the search's start) and ``metarl plot`` as for evolution."""
+def test_evaluate_and_plot_read_a_metagradient_run(reference, monkeypatch):
+    """``metarl evaluate`` (with the search's start) and ``metarl plot`` as for evolution;
+    the fitness figure's legend speaks of the run's agents, not of candidates."""
     _, whole = reference
     report = evaluate(whole.run_dir, seeds=2, baselines=["ppo"], start=True)
     assert [row["objective"] for row in report["results"]] == ["evolved", "start", "ppo"]
     assert report["meta_params_generation"] == 4
+    drawn = {}
+    save = report_module._save
+
+    def keep(fig, path):
+        drawn[path.name] = fig
+        return save(fig, path)
+
+    monkeypatch.setattr(report_module, "_save", keep)
     names = {p.name for p in plot(whole.run_dir)}
     assert {"fitness.png", "drift_mean.png", "learning_curves_1.png"} <= names
+    legend = [text.get_text() for ax in drawn["fitness.png"].axes
+              if ax.get_legend() is not None for text in ax.get_legend().get_texts()]
+    assert "min–max over 2 agents" in legend, legend
+    assert not [text for text in legend if "candidate" in text]
 
 
 def test_sharded_over_two_devices_equals_one_device():

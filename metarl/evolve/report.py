@@ -58,7 +58,7 @@ def plot_run(run_dir: str | Path) -> list[Path]:
     if "truncation" in history[-1]:  # es.truncations > 1: a line is one truncation
         fitness = plot_truncated_fitness(history, title=f"{config.name}: fitness per unroll")
     elif config.meta.metagradient:  # a line's fitness is each agent's over its updates
-        fitness = plot_fitness(history, metric=config.fitness.metric,
+        fitness = plot_fitness(history, metric=config.fitness.metric, members="agents",
                                title=f"{config.name}: the agents' fitness per meta-gradient "
                                      "step")
     else:

@@ -25,7 +25,8 @@ from metarl.figures.style import (
 
 
 def plot_fitness(history: Sequence[Mapping[str, Any]], *,
-                 metric: str = "mean_return", title: str | None = None) -> Figure:
+                 metric: str = "mean_return", title: str | None = None,
+                 members: str = "candidates") -> Figure:
     """Fitness per generation: best, mean, min-max band and best-so-far.
 
     Args:
@@ -38,6 +39,9 @@ def plot_fitness(history: Sequence[Mapping[str, Any]], *,
             rest, :func:`metarl.evolve.rungs.rank_below_survivors`), are dots apart.
         metric: the run's ``fitness.metric`` (for the y label).
         title: figure title.
+        members: what one fitness of a line belongs to, as the legend names it:
+            ``"candidates"`` (an evolution's) or ``"agents"`` (a meta-gradient run's, whose
+            lines hold each agent's fitness over the updates of the step).
     """
     if not history:
         raise ValueError("plot_fitness: the history is empty (no generation finished yet)")
@@ -75,8 +79,8 @@ def plot_fitness(history: Sequence[Mapping[str, Any]], *,
     fig = new_figure(7.5, 4.5)
     ax = fig.subplots()
     population = len(history[-1]["fitness"])
-    over = (f"{population} candidates" if last_rung is None else
-            "the candidates that trained the whole budget")
+    over = (f"{population} {members}" if last_rung is None else
+            f"the {members} that trained the whole budget")
     ax.fill_between(generations, low, high, color="C0", alpha=0.18, step=None,
                     label=f"min–max over {over}")
     ax.fill_between(generations, mean - std, mean + std, color="C0", alpha=0.25,
@@ -89,7 +93,7 @@ def plot_fitness(history: Sequence[Mapping[str, Any]], *,
         ax.plot(stopped_x, stopped_y, ls="none", marker=".", color="0.45", ms=4,
                 label="stopped in an earlier rung (fitness so far)")
     if invalid:
-        ax.plot([], [], " ", label=f"{invalid} invalid candidate(s) left out")
+        ax.plot([], [], " ", label=f"{invalid} invalid {members.removesuffix('s')}(s) left out")
     ax.set_xlabel("generation")
     described = {"mean_return": "mean episode return over training",
                  "final_return": "final episode return"}.get(metric, metric)
