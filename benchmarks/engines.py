@@ -11,8 +11,11 @@ Tasks (``--task``, several allowed):
   (``tests/test_metagradient_known_answers.py``: the discrete outlier bandit, where Huber
   beats L2 as PPO's value loss); the known answer is a distance that weights large errors
   less than ordinary ones (large-error weight below 0.5);
-- ``cartpole``: a real task, the value distance on CartPole-v1 from L2 (a small PPO); it
-  has no known answer, only the held-out verdict.
+- ``cartpole_value`` and ``cartpole_drift``: a real task, a small PPO on CartPole-v1
+  (16,384 steps per agent), with the value distance from L2 and with the LPO drift from
+  PPO's clip; they have no known answer, only the held-out verdict. With ``--run-dirs``
+  each of their searches is also a run directory, for ``metarl evaluate RUN --tune
+  --start``.
 
 For each task, engine and meta-seed the search runs until it has trained ``--agent-steps``
 environment steps (each engine's whole steps: the count it reached is recorded), and after
@@ -22,11 +25,13 @@ point) is recorded with the agent-steps so far.
 Reported per run: that trajectory, the agent-steps at which the measure first crossed the
 known-answer tests' threshold (``null`` if never), the final measure, and the held-out
 verdict: ``--held-out-seeds`` fresh agents trained with the final meta-parameters and with
-the search's start (the task's baseline: PPO's clip, L2), on the same keys
-(``metarl evaluate``'s evaluation seed), judged by the paired probability of improvement
+the task's baseline (where an evolution starts: PPO's clip, L2; a meta-gradient search
+starts there plus ``meta.init_noise``), on the same keys (``metarl evaluate``'s evaluation
+seed), judged by the paired probability of improvement
 (:func:`metarl.stats.probability_of_improvement`) and :func:`metarl.stats.verdict`.
-Per task and engine a summary gives the meta-seeds' verdicts, the spread of the final
-gains and how many runs reached the known answer.
+Per task and engine a summary gives the meta-seeds' verdicts, one verdict over all of
+them (their held-out seeds pooled), the spread of the final gains and how many runs
+reached the known answer.
 
     python benchmarks/engines.py --task drift outliers --meta-seeds 0 1 2 3 \\
         --agent-steps 262144 --out docs/results/engines.json
@@ -34,12 +39,23 @@ gains and how many runs reached the known answer.
 
 ``--smoke`` runs every task tiny (a few thousand agent-steps, 4 held-out seeds, one
 meta-seed): it checks the harness, not the engines.
+
+``--memory`` measures instead the peak resident memory of each engine on the CartPole value
+task at equal agent-steps (``--agent-steps``): one child process per engine and setting
+(an ES generation; meta-gradient steps with unrolls of ``--unrolls`` updates, each with and
+without rematerialisation), each reporting its ``ru_maxrss`` (the figure ``/usr/bin/time
+-v`` prints as its maximum resident set size) and the compiled step's buffers as XLA
+counts them (``memory_analysis``: temporaries, arguments, outputs).
+
+    python benchmarks/engines.py --memory --unrolls 1 4 16 --agent-steps 262144 \
+        --out docs/results/engines/memory.json
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import os
 import sys
@@ -56,6 +72,7 @@ from metarl.evolve.config import ExperimentConfig, config_from_dict
 from metarl.evolve.evaluate import DEFAULT_EVAL_SEED, evaluate_objective
 from metarl.evolve.generation import Evolution, search_start
 from metarl.evolve.metagradient import MetaGradient, metagradient_start
+from metarl.kinds import start as start_run
 from metarl.stats import probability_of_improvement, verdict
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
@@ -86,7 +103,7 @@ class Task:
             the task has no known answer).
         reached: ``measure -> bool``, whether the measure shows the known answer.
         threshold: the threshold, as recorded.
-        baseline: what the held-out verdict compares with (the search's start).
+        baseline: what the held-out verdict compares with (an evolution's start).
     """
 
     configs: dict[str, Callable[[int], ExperimentConfig]]
@@ -104,29 +121,48 @@ def outliers_measure(meta_params) -> float:
     return large_error_weight(meta_params["value"])
 
 
+# A small PPO on CartPole-v1: 64 updates of 4 x 64 steps
 CARTPOLE_INNER = {"env_id": "CartPole-v1", "num_envs": 4, "num_steps": 64,
                   "total_timesteps": 16_384, "update_epochs": 2, "num_minibatches": 2,
                   "hidden_sizes": [32]}
-CARTPOLE_OBJECTIVE = {"name": "value_distance", "options": {"hidden_sizes": [16]}}
+CARTPOLE_OBJECTIVES = {
+    "cartpole_value": {"name": "value_distance", "options": {"hidden_sizes": [16]}},
+    "cartpole_drift": {"name": "lpo", "options": {"hidden_sizes": [16], "ppo_init": True}},
+}
+# Open_ES as the evidence pages' CartPole searches set it (lpo_cpu.toml's sigma and
+# learning rate for the drift); the meta-gradient's objective: the actor-critic objective
+# for the value distance (PPO's shared gradient-norm clip passes a critic's loss on to the
+# actor), the policy's for the drift (which acts on the policy alone), from a drift
+# perturbed off PPO's clip as in the drift known-answer task
+CARTPOLE_ES = {"cartpole_value": {"sigma": 0.1, "learning_rate": 0.05},
+               "cartpole_drift": {"sigma": 0.03, "learning_rate": 0.03}}
+CARTPOLE_META = {"cartpole_value": {"objective": "actor_critic", "learning_rate": 0.01},
+                 "cartpole_drift": {"objective": "policy", "learning_rate": 0.01,
+                                    "init_noise": 0.03}}
 
 
-def cartpole_evolution(seed: int) -> ExperimentConfig:
+def cartpole_evolution(task: str, seed: int) -> ExperimentConfig:
     return config_from_dict({
-        "name": "engines_cartpole_evolution", "objective": CARTPOLE_OBJECTIVE,
+        "name": f"engines_{task}_evolution", "objective": CARTPOLE_OBJECTIVES[task],
         "inner": CARTPOLE_INNER,
-        "es": {"strategy": "Open_ES", "population_size": 8, "sigma": 0.1,
-               "learning_rate": 0.05},
+        "es": {"strategy": "Open_ES", "population_size": 8, **CARTPOLE_ES[task]},
         "fitness": {"metric": "mean_return", "seeds_per_candidate": 2},
         "run": {"seed": seed, "progress": False}})
 
 
-def cartpole_metagradient(seed: int) -> ExperimentConfig:
+def cartpole_metagradient(task: str, seed: int) -> ExperimentConfig:
     return config_from_dict({
-        "name": "engines_cartpole_metagradient", "objective": CARTPOLE_OBJECTIVE,
+        "name": f"engines_{task}_metagradient", "objective": CARTPOLE_OBJECTIVES[task],
         "inner": CARTPOLE_INNER,
         "meta": {"method": "metagradient", "unroll": 4, "agents": 8,
-                 "objective": "actor_critic", "learning_rate": 0.01},
+                 **CARTPOLE_META[task]},
         "run": {"seed": seed, "progress": False}})
+
+
+def cartpole_task(task: str) -> Task:
+    return Task({"evolution": functools.partial(cartpole_evolution, task),
+                 "metagradient": functools.partial(cartpole_metagradient, task)},
+                None, None, None, {"cartpole_value": "l2", "cartpole_drift": "ppo_clip"}[task])
 
 
 def drift_evolution(seed: int) -> ExperimentConfig:
@@ -140,12 +176,13 @@ TASKS = {
     "outliers": Task({"evolution": outliers_evolution, "metagradient": outliers_metagradient},
                      outliers_measure, lambda weight: weight < MAX_LARGE_ERROR_WEIGHT,
                      f"large-error weight < {MAX_LARGE_ERROR_WEIGHT}", "l2"),
-    "cartpole": Task({"evolution": cartpole_evolution, "metagradient": cartpole_metagradient},
-                     None, None, None, "l2"),
+    "cartpole_value": cartpole_task("cartpole_value"),
+    "cartpole_drift": cartpole_task("cartpole_drift"),
 }
 # --smoke: every task's inner loop cut to a few updates, budgets of a few steps
 SMOKE_INNER = {"drift": {"total_timesteps": 128}, "outliers": {"total_timesteps": 128},
-               "cartpole": {"total_timesteps": 512, "num_steps": 32}}
+               "cartpole_value": {"total_timesteps": 512, "num_steps": 32},
+               "cartpole_drift": {"total_timesteps": 512, "num_steps": 32}}
 
 
 def with_budget(config: ExperimentConfig, engine: str, steps: int) -> ExperimentConfig:
@@ -172,10 +209,14 @@ def smaller(config: ExperimentConfig, changes: dict[str, Any]) -> ExperimentConf
 
 
 def run_search(task: Task, engine: str, config: ExperimentConfig, agent_steps: int,
-               measure_every: int = 1) -> dict[str, Any]:
+               measure_every: int = 1, run_dir: Path | None = None) -> dict[str, Any]:
     """One search of ``config`` by ``engine`` until ``agent_steps`` have trained, the
     known answer's measure taken every ``measure_every`` steps and after the last: the
-    objective, the start, the final meta-parameters and the record."""
+    objective, the start, the final meta-parameters and the record. With ``run_dir``
+    (tasks without a known answer) the search is a run of the toolkit's own engine
+    (:func:`metarl.kinds.start`) in that directory, to the same budget."""
+    if run_dir is not None:
+        return run_in_directory(task, engine, config, agent_steps, run_dir)
     started = time.process_time()
     if engine == "evolution":
         search = Evolution(config)
@@ -206,6 +247,7 @@ def run_search(task: Task, engine: str, config: ExperimentConfig, agent_steps: i
         reached = next((steps_done for steps_done, value in trajectory
                         if task.reached(value)), None)
     return {"objective": search.objective, "start": start, "final": current(state),
+            "baseline": search_start(search.objective, config.run.seed),
             "record": {"steps": steps, "agent_steps_per_step": per_step,
                        "agent_steps": steps * per_step, "trajectory": trajectory,
                        "final_measure": trajectory[-1][1] if trajectory else None,
@@ -213,17 +255,53 @@ def run_search(task: Task, engine: str, config: ExperimentConfig, agent_steps: i
                        "cpu_seconds_search": time.process_time() - started}}
 
 
+def run_in_directory(task: Task, engine: str, config: ExperimentConfig, agent_steps: int,
+                     run_dir: Path) -> dict[str, Any]:
+    """:func:`run_search` as a run directory (``metarl evaluate RUN --tune --start`` judges
+    it afterwards): the search's final meta-parameters are its ``mean_meta_params``
+    (evolution: the search's centre; meta-gradients: the one point)."""
+    if task.measure is not None:
+        raise ValueError("--run-dirs: only the tasks without a known answer are written as "
+                         "run directories")
+    started = time.process_time()
+    if engine == "evolution":
+        search = Evolution(config)
+        per_step = search.agent_steps_per_generation
+        start = search_start(search.objective, config.run.seed)
+    else:
+        search = MetaGradient(config)
+        per_step = search.agent_steps_per_step
+        start = metagradient_start(search.objective, config)
+    steps = max(1, -(-agent_steps // per_step))
+    config = with_budget(config, engine, steps).replace(
+        name=run_dir.name, run=dataclasses.replace(config.run, checkpoint_every=steps,
+                                                   keep_checkpoints=1))
+    result = start_run(config, run_dir)
+    return {"objective": search.objective, "start": start,
+            "final": jax.device_get(result.mean_meta_params),
+            "baseline": search_start(search.objective, config.run.seed),
+            "record": {"steps": steps, "agent_steps_per_step": per_step,
+                       "agent_steps": steps * per_step, "trajectory": [],
+                       "final_measure": None, "agent_steps_to_known_answer": None,
+                       "run_dir": str(run_dir),
+                       "cpu_seconds_search": time.process_time() - started}}
+
+
 def held_out(search: dict[str, Any], config: ExperimentConfig, seeds: int) -> dict[str, Any]:
-    """The final meta-parameters against the search's start on ``seeds`` held-out keys."""
+    """The final meta-parameters against the task's baseline (an evolution's start: L2,
+    PPO's clip; a meta-gradient search starts there plus ``meta.init_noise``) on ``seeds``
+    held-out keys, paired."""
     started = time.process_time()
     objective, inner = search["objective"], config.inner[0]
     returns = {name: np.asarray(evaluate_objective(objective, params, inner, config.fitness,
                                                    seeds, DEFAULT_EVAL_SEED, name).returns,
                                 np.float64)
-               for name, params in (("start", search["start"]), ("found", search["final"]))}
-    difference = returns["found"] - returns["start"]
-    estimate = probability_of_improvement(returns["found"], returns["start"], paired=True)
+               for name, params in (("baseline", search["baseline"]),
+                                    ("found", search["final"]))}
+    difference = returns["found"] - returns["baseline"]
+    estimate = probability_of_improvement(returns["found"], returns["baseline"], paired=True)
     return {"mean_return": {name: float(np.mean(r)) for name, r in returns.items()},
+            "returns": {name: [float(x) for x in r] for name, r in returns.items()},
             "gain": float(np.mean(difference)),
             "gain_standard_error": float(np.std(difference, ddof=1) / np.sqrt(seeds)),
             "p_improvement": {"value": estimate.value, "low": estimate.low,
@@ -235,7 +313,13 @@ def held_out(search: dict[str, Any], config: ExperimentConfig, seeds: int) -> di
 def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
     gains = np.asarray([run["held_out"]["gain"] for run in runs])
     reached = [run["agent_steps_to_known_answer"] for run in runs]
+    found = np.concatenate([run["held_out"]["returns"]["found"] for run in runs])
+    baseline = np.concatenate([run["held_out"]["returns"]["baseline"] for run in runs])
+    pooled = probability_of_improvement(found, baseline, paired=True)
     return {
+        "pooled_p_improvement": {"value": pooled.value, "low": pooled.low,
+                                 "high": pooled.high},
+        "pooled_verdict": verdict(pooled.low, pooled.high),
         "verdicts": [run["held_out"]["verdict"] for run in runs],
         "gain_mean": float(gains.mean()), "gain_min": float(gains.min()),
         "gain_max": float(gains.max()),
@@ -244,6 +328,56 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "cpu_seconds": float(sum(run["cpu_seconds_search"]
                                  + run["held_out"]["cpu_seconds_held_out"] for run in runs)),
     }
+
+
+def memory_child(engine: str, unroll: int | None, remat: bool, agent_steps: int) -> None:
+    """One engine's steps on the CartPole value task until ``agent_steps`` have trained,
+    in this (child) process: prints one JSON line, the compiled step's XLA buffers and the
+    process's peak resident memory (``ru_maxrss``, KiB on Linux) after the steps."""
+    import resource
+
+    task = TASKS["cartpole_value"]
+    config = task.configs[engine](0)
+    if engine == "evolution":
+        search = Evolution(config)
+        state = search.init(jax.random.PRNGKey(0))
+        per_step = search.agent_steps_per_generation
+    else:
+        config = config.replace(meta=dataclasses.replace(config.meta, unroll=unroll,
+                                                         remat=remat))
+        search = MetaGradient(config)
+        state = search.init()
+        per_step = search.agent_steps_per_step
+    steps = max(1, -(-agent_steps // per_step))
+    analysis = search.step.lower(state).compile().memory_analysis()
+    for _ in range(steps):
+        state, _ = search.step(state)
+    jax.block_until_ready(state)
+    print(json.dumps({
+        "engine": engine, "unroll": unroll, "remat": remat if unroll else None,
+        "steps": steps, "agent_steps": steps * per_step,
+        "xla_temp_mib": analysis.temp_size_in_bytes / 2**20,
+        "xla_argument_mib": analysis.argument_size_in_bytes / 2**20,
+        "xla_output_mib": analysis.output_size_in_bytes / 2**20,
+        "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+
+
+def measure_memory(unrolls: list[int], agent_steps: int) -> list[dict[str, Any]]:
+    """Each engine and setting of ``--memory`` in a child process of its own (a fresh
+    peak), one after the other: their JSON lines."""
+    import subprocess
+
+    settings = [("evolution", 0, False)] + [("metagradient", unroll, remat)
+                                            for unroll in unrolls for remat in (True, False)]
+    rows = []
+    for engine, unroll, remat in settings:
+        command = [sys.executable, __file__, "--memory-child", engine, str(unroll),
+                   "remat" if remat else "no-remat", "--agent-steps", str(agent_steps)]
+        done = subprocess.run(command, capture_output=True, text=True, check=True)
+        row = json.loads(done.stdout.strip().splitlines()[-1])
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    return rows
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -258,21 +392,43 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--measure-every", type=int, default=1,
                         help="steps between two measures of the learned shape (each costs "
                              "about as much as a meta-gradient step on the outlier task)")
+    parser.add_argument("--run-dirs", default=None, metavar="DIR",
+                        help="write each search of a task without a known answer as the "
+                             "run directory DIR/<task>/<engine>_s<meta-seed>")
     parser.add_argument("--smoke", action="store_true",
                         help="every task tiny, one meta-seed, 4 held-out seeds")
+    parser.add_argument("--memory", action="store_true",
+                        help="measure each engine's peak memory instead (module docstring)")
+    parser.add_argument("--unrolls", type=int, nargs="+", default=[1, 4, 16],
+                        help="--memory: the meta-gradient unrolls measured")
+    parser.add_argument("--memory-child", nargs=3, metavar=("ENGINE", "UNROLL", "REMAT"),
+                        help=argparse.SUPPRESS)
     parser.add_argument("--out", default="docs/results/engines.json")
     args = parser.parse_args(argv)
+    command = "python benchmarks/engines.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    if args.memory_child:
+        engine, unroll, remat = args.memory_child
+        memory_child(engine, int(unroll) or None, remat == "remat", args.agent_steps)
+        return {}
+    if args.memory:
+        report = {"benchmark": "engines memory", "command": command,
+                  "task": "cartpole_value", "agent_steps": args.agent_steps,
+                  "jax": jax.__version__, "device": str(jax.devices()[0]),
+                  "xla_flags": os.environ.get("XLA_FLAGS", ""),
+                  "rows": measure_memory(args.unrolls, args.agent_steps),
+                  "load_average_at_end": os.getloadavg()}
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
+        return report
     if args.smoke:
         args.meta_seeds, args.held_out_seeds = args.meta_seeds[:1], 4
         args.agent_steps = min(args.agent_steps, 2048)
-    report = {"benchmark": "engines",
-              "command": "python benchmarks/engines.py " + " ".join(
-                  sys.argv[1:] if argv is None else argv),
+    report = {"benchmark": "engines", "command": command,
               "agent_steps": args.agent_steps, "held_out_seeds": args.held_out_seeds,
               "measure_every": args.measure_every,
               "eval_seed": DEFAULT_EVAL_SEED, "meta_seeds": args.meta_seeds,
               "smoke": args.smoke, "jax": jax.__version__, "device": str(jax.devices()[0]),
-              "tasks": {}}
+              "xla_flags": os.environ.get("XLA_FLAGS", ""), "tasks": {}}
     for name in args.task:
         task = TASKS[name]
         section = {"known_answer": task.threshold, "baseline": task.baseline,
@@ -283,8 +439,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 config = task.configs[engine](seed)
                 if args.smoke:
                     config = smaller(config, SMOKE_INNER[name])
+                run_dir = (None if args.run_dirs is None or task.measure is not None
+                           else Path(args.run_dirs) / name / f"{engine}_s{seed}")
                 search = run_search(task, engine, config, args.agent_steps,
-                                    args.measure_every)
+                                    args.measure_every, run_dir)
                 config = with_budget(config, engine, search["record"]["steps"])
                 record = {"meta_seed": seed, **search["record"],
                           "held_out": held_out(search, config, args.held_out_seeds),
