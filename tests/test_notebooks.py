@@ -63,7 +63,11 @@ EXTRA = {"01_quickstart.ipynb": {"RUNGS": 1},
          # network and its formula on 08's seeds and budget (16 seeds, one update each),
          # without L2 (each program traced costs about 3 CPU-s).
          "09_distill.ipynb": {"SEEDS": 16, "TOTAL_TIMESTEPS": 512, "RECORD_TIMESTEPS": 512,
-                              "SAMPLES": 600, "MAX_COMPLEXITY": 3, "BASELINES": []}}
+                              "SAMPLES": 600, "MAX_COMPLEXITY": 3, "BASELINES": []},
+         # 10 runs both engines on the PPO outlier bandit: 2 generations of 2 candidates and
+         # 2 meta-gradient steps, with the notebook's lifetimes (2048 steps: the known-answer
+         # tests' programs), then 2 held-out seeds per objective
+         "10_engines.ipynb": {"META_STEPS": 2, "EVAL_SEEDS": 2}}
 
 CELL_TIMEOUT = 420  # seconds per cell (the first compilation of a generation step)
 NOTEBOOK_TIMEOUT = 600  # seconds per notebook, through pytest-timeout
