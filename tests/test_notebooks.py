@@ -98,6 +98,7 @@ def test_notebooks_exist():
         "01_quickstart.ipynb", "02_value_distance.ipynb", "03_lpo_drift.ipynb",
         "04_resume.ipynb", "05_sac_population.ipynb", "06_pbt.ipynb",
         "07_policy_objectives.ipynb", "08_is_my_discovery_real.ipynb", "09_distill.ipynb",
+        "10_engines.ipynb",
     ]
 
 
