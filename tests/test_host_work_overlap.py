@@ -19,41 +19,27 @@ import threading
 from pathlib import Path
 
 import jax
-import numpy as np
 import pytest
 from _tiny_evolution import GENERATIONS
+from test_stop_on_time import assert_same_run as assert_same_files_and_state
+from test_stop_on_time import checkpoints
 
 from metarl.evolve.kind import EvolveProgram
-from metarl.kinds import load_experiment, load_run, resume, start
+from metarl.kinds import load_experiment, resume, start
 from metarl.runs import engine, layout
 from metarl.runs.checkpoint import RunCheckpointer
 from metarl.runs.layout import DiskFullError, read_jsonl, read_metrics
 from metarl.runs.listing import run_info
-from metarl.runs.meta_params import BEST_FILE, MEAN_FILE, load_meta_params
 
-TIMINGS = ("seconds", "agent_steps_per_second", "time")
 WAIT = 30.0  # seconds a wrapped step or save waits for the other thread at most
 
 
-def lines(run_dir: Path) -> list[dict]:
-    return [{k: v for k, v in line.items() if k not in TIMINGS} for line in read_metrics(run_dir)]
-
-
-def assert_same_trees(ours, theirs) -> None:
-    assert jax.tree.structure(ours) == jax.tree.structure(theirs)
-    for mine, want in zip(jax.tree.leaves(ours), jax.tree.leaves(theirs), strict=True):
-        np.testing.assert_array_equal(np.asarray(mine), np.asarray(want))
-
-
 def assert_same_run(run_dir: Path, reference: Path) -> None:
-    """Lines but their timings, meta-parameter files, checkpoints kept and the newest
-    checkpoint's whole state, bit for bit."""
-    assert lines(run_dir) == lines(reference)
-    for name in (BEST_FILE, MEAN_FILE):
-        assert_same_trees(load_meta_params(run_dir / name), load_meta_params(reference / name))
-    assert (sorted(p.name for p in (run_dir / "checkpoints").iterdir())
-            == sorted(p.name for p in (reference / "checkpoints").iterdir()))
-    assert_same_trees(load_run(run_dir).state, load_run(reference).state)
+    """:func:`test_stop_on_time.assert_same_run` (lines but their timings, meta-parameter
+    files, the newest checkpoint's whole state, bit for bit) and the same checkpoints
+    kept."""
+    assert_same_files_and_state(run_dir, reference)
+    assert checkpoints(run_dir) == checkpoints(reference)
 
 
 @pytest.fixture(scope="module")

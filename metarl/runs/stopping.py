@@ -7,8 +7,9 @@ engine (:mod:`metarl.runs.engine`) asks its :class:`Stopper` whether to go on:
 - **Between steps** (:meth:`Stopper.before_step`): it stops after a signal, or when the
   time left is less than what the next step may need: ``MARGIN`` times the longest cycle so
   far (a step, with the host work the engine does while it computes and after it), plus
-  the longest checkpoint save (the stop writes one), plus ``EXIT_SECONDS``. Under :mod:`jax.distributed` every process asks at
-  the same step and they agree (the largest reason wins), so all stop at that step.
+  the longest checkpoint save (the stop writes one), plus ``EXIT_SECONDS``. Under
+  :mod:`jax.distributed` every process asks at the same step and they agree (the largest
+  reason wins), so all stop at that step.
 - **While a step trains** (:func:`start_step`, then :meth:`InFlight.wait`): the step runs
   in a worker thread, so that the main thread can do the previous step's host work beside
   it (:mod:`metarl.runs.engine`) and then wait for it in polls of ``POLL_SECONDS``, reacting
