@@ -14,6 +14,7 @@ import json
 import jax
 import numpy as np
 from jax.flatten_util import ravel_pytree
+from test_metagradient import DRIFT  # the tests' tiny drift problem
 
 from metarl.evolve.config import config_from_dict
 from metarl.evolve.metagradient import MetaGradient
@@ -23,10 +24,7 @@ STEPS = 2
 # The tiny drift problem of the tests (4 agents: 2 per device), one agent restarting after
 # the first step so that a restart is sharded too.
 EXPERIMENT = {
-    "objective": {"name": "lpo", "options": {"hidden_sizes": [4]}},
-    "inner": {"env_id": "probe/observation_action-continuous", "num_envs": 4, "num_steps": 2,
-              "total_timesteps": 64, "update_epochs": 1, "num_minibatches": 2,
-              "hidden_sizes": [8], "learning_rate": 0.05, "anneal_lr": False},
+    **DRIFT,
     "meta": {"method": "metagradient", "unroll": 1, "agents": 4, "lifetime": 2,
              "learning_rate": 0.01},
     "run": {"progress": False, "shard": False},
