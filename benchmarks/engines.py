@@ -49,6 +49,16 @@ counts them (``memory_analysis``: temporaries, arguments, outputs).
 
     python benchmarks/engines.py --memory --unrolls 1 4 16 --agent-steps 262144 \
         --out docs/results/engines/memory.json
+
+``--speed`` measures, per engine and size, the seconds of a compiled step and the
+agent-steps per second after the first, with the same memory figures and the accelerator's
+peak bytes in use: the evolution at each ``--populations`` size (two seeds a candidate), and
+meta-gradients with as many ``--agents`` and each of ``--unrolls`` (rematerialised), then the
+most agents at the longest unroll without rematerialisation. Smallest first, each in its own
+process; ``--deadline`` skips what would not finish (sized for a lent GPU's minutes):
+
+    python benchmarks/engines.py --speed --populations 64 512 --agents 64 1024 \
+        --unrolls 4 16 --deadline 300 --out docs/results/engines/speed_gpu.json
 """
 
 from __future__ import annotations
@@ -335,54 +345,125 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def memory_child(engine: str, unroll: int | None, remat: bool, agent_steps: int) -> None:
-    """One engine's steps on the CartPole value task until ``agent_steps`` have trained,
-    in this (child) process: prints one JSON line, the compiled step's XLA buffers and the
-    process's peak resident memory (``ru_maxrss``, KiB on Linux) after the steps."""
+def engine_search(engine: str, size: int | None, unroll: int | None, remat: bool,
+                  smoke: bool = False):
+    """One engine on the CartPole value task, ready to step: ``(search, state,
+    agent-steps per step)``. ``size``: the evolution's population or the meta-gradient's
+    agents (``None``: the task's); ``unroll`` and ``remat``: the meta-gradient's."""
+    config = TASKS["cartpole_value"].configs[engine](0)
+    if smoke:
+        config = smaller(config, SMOKE_INNER["cartpole_value"])
+    if engine == "evolution":
+        if size:
+            config = config.replace(es=dataclasses.replace(config.es, population_size=size))
+        search = Evolution(config)
+        return search, search.init(jax.random.PRNGKey(0)), search.agent_steps_per_generation
+    changes = {"unroll": unroll, "remat": remat} | ({"agents": size} if size else {})
+    search = MetaGradient(config.replace(meta=dataclasses.replace(config.meta, **changes)))
+    return search, search.init(), search.agent_steps_per_step
+
+
+def device_peak_mib() -> float | None:
+    """The accelerator allocator's peak bytes in use, in MiB (``None`` on the CPU, whose
+    device keeps no such count: the resident set is its measure)."""
+    stats = jax.devices()[0].memory_stats() or {}
+    peak = stats.get("peak_bytes_in_use")
+    return None if peak is None else peak / 2**20
+
+
+def measure_child(spec: dict[str, Any]) -> None:
+    """One engine and setting (``spec``: ``engine``, ``size``, ``unroll``, ``remat``,
+    ``steps`` and ``smoke``), in this (child) process: compiles its step, runs ``steps``
+    steps, each timed to completion, and prints one JSON line: the compile and step
+    seconds, the agent-steps per second of the steps after the first, the compiled step's
+    buffers as XLA counts them, the process's peak resident memory (``ru_maxrss``, KiB on
+    Linux) and the accelerator's peak bytes in use."""
     import resource
 
-    task = TASKS["cartpole_value"]
-    config = task.configs[engine](0)
-    if engine == "evolution":
-        search = Evolution(config)
-        state = search.init(jax.random.PRNGKey(0))
-        per_step = search.agent_steps_per_generation
-    else:
-        config = config.replace(meta=dataclasses.replace(config.meta, unroll=unroll,
-                                                         remat=remat))
-        search = MetaGradient(config)
-        state = search.init()
-        per_step = search.agent_steps_per_step
-    steps = max(1, -(-agent_steps // per_step))
-    analysis = search.step.lower(state).compile().memory_analysis()
-    for _ in range(steps):
-        state, _ = search.step(state)
-    jax.block_until_ready(state)
+    search, state, per_step = engine_search(spec["engine"], spec["size"], spec["unroll"],
+                                            spec["remat"], spec["smoke"])
+    started = time.perf_counter()
+    compiled = search.step.lower(state).compile()
+    compile_seconds = time.perf_counter() - started
+    analysis = compiled.memory_analysis()
+    seconds = []
+    for _ in range(spec["steps"]):
+        started = time.perf_counter()
+        state, _ = compiled(state)
+        jax.block_until_ready(state)
+        seconds.append(time.perf_counter() - started)
+    timed = seconds[1:] or seconds
     print(json.dumps({
-        "engine": engine, "unroll": unroll, "remat": remat if unroll else None,
-        "steps": steps, "agent_steps": steps * per_step,
+        "engine": spec["engine"], "size": spec["size"], "unroll": spec["unroll"],
+        "remat": spec["remat"] if spec["unroll"] else None,
+        "steps": spec["steps"], "agent_steps_per_step": per_step,
+        "agent_steps": spec["steps"] * per_step, "compile_seconds": compile_seconds,
+        "step_seconds": seconds,
+        "agent_steps_per_second": per_step / float(np.median(timed)),
         "xla_temp_mib": analysis.temp_size_in_bytes / 2**20,
         "xla_argument_mib": analysis.argument_size_in_bytes / 2**20,
         "xla_output_mib": analysis.output_size_in_bytes / 2**20,
-        "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+        "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "device_peak_mib": device_peak_mib()}))
 
 
-def measure_memory(unrolls: list[int], agent_steps: int) -> list[dict[str, Any]]:
-    """Each engine and setting of ``--memory`` in a child process of its own (a fresh
-    peak), one after the other: their JSON lines."""
+def measure_rows(specs: list[dict[str, Any]], deadline: float | None,
+                 write: Callable[[list[dict[str, Any]]], None]) -> list[dict[str, Any]]:
+    """Each setting of ``specs`` in a child process of its own (a fresh peak), one after
+    the other, the rows so far written after each; with ``deadline`` (seconds from now)
+    a setting that would start later than that is skipped and one that runs past it is
+    stopped, each recorded as such."""
     import subprocess
 
-    settings = [("evolution", 0, False)] + [("metagradient", unroll, remat)
-                                            for unroll in unrolls for remat in (True, False)]
+    ends = None if deadline is None else time.monotonic() + deadline
     rows = []
-    for engine, unroll, remat in settings:
-        command = [sys.executable, __file__, "--memory-child", engine, str(unroll),
-                   "remat" if remat else "no-remat", "--agent-steps", str(agent_steps)]
-        done = subprocess.run(command, capture_output=True, text=True, check=True)
-        row = json.loads(done.stdout.strip().splitlines()[-1])
+    for spec in specs:
+        left = None if ends is None else ends - time.monotonic()
+        if left is not None and left < 15:
+            row = {**spec, "skipped": "past --deadline"}
+        else:
+            command = [sys.executable, __file__, "--child", json.dumps(spec)]
+            try:
+                done = subprocess.run(command, capture_output=True, text=True, check=True,
+                                      timeout=left)
+                row = json.loads(done.stdout.strip().splitlines()[-1])
+            except subprocess.TimeoutExpired:
+                row = {**spec, "skipped": "ran past --deadline"}
+            except subprocess.CalledProcessError as error:
+                row = {**spec, "failed": error.stderr.strip().splitlines()[-8:]}
         rows.append(row)
         print(json.dumps(row), flush=True)
+        write(rows)
     return rows
+
+
+def memory_specs(unrolls: list[int], agent_steps: int, smoke: bool) -> list[dict[str, Any]]:
+    """``--memory``: an evolution generation and meta-gradient steps with each unroll, with
+    and without rematerialisation, at the task's sizes, each until ``agent_steps``."""
+    settings = [("evolution", None, False)] + [("metagradient", unroll, remat)
+                                               for unroll in unrolls for remat in (True, False)]
+    specs = []
+    for engine, unroll, remat in settings:
+        per_step = engine_search(engine, None, unroll, remat, smoke)[2]
+        specs.append({"engine": engine, "size": None, "unroll": unroll, "remat": remat,
+                      "steps": max(1, -(-agent_steps // per_step)), "smoke": smoke})
+    return specs
+
+
+def speed_specs(populations: list[int], agents: list[int], unrolls: list[int], repeats: int,
+                smoke: bool) -> list[dict[str, Any]]:
+    """``--speed``: by size, smallest first (a deadline cuts the largest), an evolution of
+    each population and meta-gradients of as many agents with each unroll
+    (rematerialised), then at the most agents and the longest unroll without
+    rematerialisation; each for one step and ``repeats`` timed ones."""
+    def spec(engine, size, unroll=None, remat=False):
+        return {"engine": engine, "size": size, "unroll": unroll, "remat": remat,
+                "steps": 1 + repeats, "smoke": smoke}
+    specs = []
+    for population, agent_count in zip(populations, agents, strict=True):
+        specs.append(spec("evolution", population))
+        specs += [spec("metagradient", agent_count, unroll, True) for unroll in unrolls]
+    return specs + [spec("metagradient", agents[-1], max(unrolls), False)]
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -404,26 +485,52 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         help="every task tiny, one meta-seed, 4 held-out seeds")
     parser.add_argument("--memory", action="store_true",
                         help="measure each engine's peak memory instead (module docstring)")
-    parser.add_argument("--unrolls", type=int, nargs="+", default=[1, 4, 16],
-                        help="--memory: the meta-gradient unrolls measured")
-    parser.add_argument("--memory-child", nargs=3, metavar=("ENGINE", "UNROLL", "REMAT"),
-                        help=argparse.SUPPRESS)
+    parser.add_argument("--speed", action="store_true",
+                        help="measure each engine's agent-steps per second and memory by "
+                             "size instead (module docstring)")
+    parser.add_argument("--unrolls", type=int, nargs="+", default=None,
+                        help="--memory, --speed: the meta-gradient unrolls measured "
+                             "(default 1 4 16; --speed 4 16)")
+    parser.add_argument("--populations", type=int, nargs="+", default=[64, 512],
+                        help="--speed: the evolution's populations (two seeds each)")
+    parser.add_argument("--agents", type=int, nargs="+", default=[64, 1024],
+                        help="--speed: the meta-gradient's agents, one count per population")
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="--speed: timed steps after the first")
+    parser.add_argument("--deadline", type=float, default=None, metavar="SECONDS",
+                        help="--memory, --speed: skip or stop the settings past this time")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--out", default="docs/results/engines.json")
     args = parser.parse_args(argv)
     command = "python benchmarks/engines.py " + " ".join(sys.argv[1:] if argv is None else argv)
-    if args.memory_child:
-        engine, unroll, remat = args.memory_child
-        memory_child(engine, int(unroll) or None, remat == "remat", args.agent_steps)
+    if args.child:
+        measure_child(json.loads(args.child))
         return {}
-    if args.memory:
-        report = {"benchmark": "engines memory", "command": command,
-                  "task": "cartpole_value", "agent_steps": args.agent_steps,
-                  "jax": jax.__version__, "device": str(jax.devices()[0]),
+    if args.memory or args.speed:
+        if args.speed and len(args.populations) != len(args.agents):
+            parser.error("--speed: give one --agents count per --populations size")
+        unrolls = args.unrolls or ([4, 16] if args.speed else [1, 4, 16])
+        if args.smoke:
+            unrolls = [1, 2]  # both divide the smoke task's 4 updates
+            args.populations, args.agents, args.repeats = [4], [2], 1
+            args.agent_steps = min(args.agent_steps, 2048)
+        specs = (speed_specs(args.populations, args.agents, unrolls, args.repeats, args.smoke)
+                 if args.speed else memory_specs(unrolls, args.agent_steps, args.smoke))
+        device = jax.devices()[0]
+        report = {"benchmark": "engines speed" if args.speed else "engines memory",
+                  "command": command, "task": "cartpole_value", "smoke": args.smoke,
+                  "agent_steps": None if args.speed else args.agent_steps,
+                  "jax": jax.__version__, "device": str(device),
+                  "device_kind": device.device_kind,
                   "xla_flags": os.environ.get("XLA_FLAGS", ""),
-                  "rows": measure_memory(args.unrolls, args.agent_steps),
-                  "load_average_at_end": os.getloadavg()}
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
+                  "load_average_at_start": os.getloadavg()}
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+
+        def write(rows):
+            report.update(rows=rows, load_average_at_end=os.getloadavg())
+            out.write_text(json.dumps(report, indent=1) + "\n")
+        write(measure_rows(specs, args.deadline, write))
         return report
     if args.smoke:
         args.meta_seeds, args.held_out_seeds = args.meta_seeds[:1], 4

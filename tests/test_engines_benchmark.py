@@ -60,3 +60,18 @@ def test_the_engines_benchmark_compares_both_engines_at_equal_agent_steps(tmp_pa
     assert evolution["objective"] == metagradient["objective"]  # and the same objective
     assert evolution["es"]["generations"] == task["engines"]["evolution"]["runs"][0]["steps"]
     assert metagradient["meta"]["steps"] == task["engines"]["metagradient"]["runs"][0]["steps"]
+
+
+def test_speed_settings_go_smallest_first_and_a_deadline_skips_what_would_not_finish():
+    engines = load_benchmark()
+    specs = engines.speed_specs([64, 512], [64, 1024], [4, 16], repeats=3, smoke=False)
+    assert [(spec["engine"], spec["size"], spec["unroll"], spec["remat"]) for spec in specs] == [
+        ("evolution", 64, None, False), ("metagradient", 64, 4, True),
+        ("metagradient", 64, 16, True), ("evolution", 512, None, False),
+        ("metagradient", 1024, 4, True), ("metagradient", 1024, 16, True),
+        ("metagradient", 1024, 16, False)]
+    assert {spec["steps"] for spec in specs} == {4}  # one untimed step, three timed
+    written = []
+    rows = engines.measure_rows(specs[:2], 0, lambda rows: written.append(list(rows)))
+    assert [row["skipped"] for row in rows] == ["past --deadline"] * 2
+    assert [len(rows) for rows in written] == [1, 2]  # what ran so far is never lost
