@@ -33,6 +33,7 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import jax
@@ -380,3 +381,28 @@ def test_dataclass_fields_of_the_run_config_are_all_documented():
 
     for field in dataclasses.fields(MetaConfig):
         assert f"    {field.name}:" in MetaConfig.__doc__, field.name
+
+
+def test_a_run_whose_meta_gradient_stays_exactly_zero_warns_once(reference):
+    """Five meta-steps in a row with a meta-gradient of exactly zero warn, once; a step that
+    moves starts the count again. (The lines are the reference run's program's, with the
+    meta-gradient's norm set: a real flat run compiles a program of its own.)"""
+    program = reference[1].program
+    program.flat_steps = 0
+
+    def line(generation, grad_norm):
+        return program.summary(generation, {"metrics": {
+            "returns": np.array([1.0, 2.0]), "valid": np.array([True, True]),
+            "meta_loss": 0.5, "meta_grad_norm": grad_norm, "restarted": 0,
+            "ages": np.array([2, 2])}})
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for generation, norm in enumerate([0.0, 0.0, 0.0, 0.0, 1e-12, 0.0, 0.0], start=1):
+            line(generation, norm)  # never five zeros in a row
+    with pytest.warns(UserWarning, match=r"meta-gradient steps 6 to 10 had a meta-gradient "
+                                         r"of exactly zero.*objective 'lpo'.*"
+                                         r"meta.init_noise is 0.0") as caught:
+        for generation in range(8, 20):
+            line(generation, 0.0)
+    assert len(caught) == 1

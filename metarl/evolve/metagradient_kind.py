@@ -23,12 +23,18 @@ it). So the fitness figure, the progress bar and the trackers work as for evolut
 candidate scored on its own (an agent's return mixes the meta-parameters of its whole
 life): ``best_meta_params.msgpack`` and ``mean_meta_params.msgpack`` both hold the current
 meta-parameters, after every step.
+
+**A stuck search.** A run whose meta-gradient is exactly zero for :data:`FLAT_STEPS`
+meta-steps in a row warns once (``UserWarning``): the learned loss changes nothing the
+meta-objective sees there, so the search cannot leave that point (LPO's drift is clipped to
+zero around PPO's clip, for one; ``meta.init_noise`` starts the search off it).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,7 +49,12 @@ from metarl.runs import engine
 from metarl.runs.meta_params import BEST_FILE, MEAN_FILE, save_meta_params
 from metarl.sharding import num_shards
 
-__all__ = ["RUN_KIND", "MetaGradientProgram", "MetaGradientResult", "describe_meta_step"]
+__all__ = ["RUN_KIND", "MetaGradientProgram", "MetaGradientResult", "describe_meta_step",
+           "FLAT_STEPS"]
+
+# meta-steps in a row with a meta-gradient of exactly zero before a run warns that it is
+# stuck: a gradient that is small but not zero still moves the search
+FLAT_STEPS = 5
 
 
 @dataclass
@@ -76,6 +87,7 @@ class MetaGradientProgram:
         self.mesh = self.metagradient.mesh
         self.steps = config.meta.steps
         self.agent_steps_per_step = self.metagradient.agent_steps_per_step
+        self.flat_steps = 0  # meta-steps in a row, up to the last, with a zero meta-gradient
 
     @property
     def config(self) -> ExperimentConfig:
@@ -107,6 +119,7 @@ class MetaGradientProgram:
         def stat(fn):
             return float(fn(good)) if good.size else math.nan
 
+        self.note_flat(generation, float(metrics["meta_grad_norm"]))
         label, = self.config.task_labels
         return {
             "generation": generation,
@@ -123,6 +136,22 @@ class MetaGradientProgram:
             "ages": [int(age) for age in metrics["ages"]],
             "devices": num_shards(self.mesh),
         }
+
+    def note_flat(self, generation: int, grad_norm: float) -> None:
+        """Warn, once a run, when the last :data:`FLAT_STEPS` meta-steps had a
+        meta-gradient of exactly zero: the search sits where the learned loss changes
+        nothing the meta-objective sees, so it cannot move on its own."""
+        self.flat_steps = self.flat_steps + 1 if grad_norm == 0 else 0
+        if self.flat_steps == FLAT_STEPS:
+            meta = self.config.meta
+            warnings.warn(
+                f"meta-gradient steps {generation - FLAT_STEPS + 1} to {generation} had a "
+                f"meta-gradient of exactly zero: at the current meta-parameters objective "
+                f"{self.config.objective.name!r} does not change what the agents learn (a "
+                f"flat point, as an LPO drift clipped to zero everywhere), so the search "
+                f"cannot move. Start it further from that point (meta.init_noise is "
+                f"{meta.init_noise}) or check meta.objective ({meta.objective!r}).",
+                stacklevel=2)
 
     def after_step(self, run_dir: Path, state: MetaGradientState, primary: bool) -> None:
         """Keep the current meta-parameters as both msgpack files."""
