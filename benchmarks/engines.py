@@ -466,6 +466,56 @@ def speed_specs(populations: list[int], agents: list[int], unrolls: list[int], r
     return specs + [spec("metagradient", agents[-1], max(unrolls), False)]
 
 
+def latest_evaluation(run_dir: Path) -> Path:
+    """The newest ``evaluations/N.json`` of a run directory (``metarl evaluate``'s)."""
+    records = sorted((run_dir / "evaluations").glob("*.json"), key=lambda p: int(p.stem))
+    if not records:
+        raise FileNotFoundError(f"{run_dir}: no evaluations; run metarl evaluate "
+                                f"{run_dir} --tune --start first")
+    return records[-1]
+
+
+def summarise_evaluations(root: Path) -> dict[str, Any]:
+    """``--evaluations``: the tuned verdicts of the searches ``--run-dirs`` wrote under
+    ``root`` (``root/<task>/<engine>_s<meta-seed>``), from each run's newest ``metarl
+    evaluate --tune --start`` record: per run the held-out returns of every row, the
+    comparisons and the chosen settings (the records' training curves left out); per task
+    and engine each comparison pooled over the meta-seeds (their held-out seeds together,
+    paired with the same baseline row of each run)."""
+    report = {"root": str(root), "tasks": {}}
+    for task_dir in sorted(path for path in root.iterdir() if path.is_dir()):
+        engines: dict[str, Any] = {}
+        for run_dir in sorted(path for path in task_dir.iterdir() if path.is_dir()):
+            engine, seed = run_dir.name.rsplit("_s", 1)
+            path = latest_evaluation(run_dir)
+            record = json.loads(path.read_text())
+            (env_id, stats), = record["statistics"]["environments"].items()
+            tuning = record.get("tuning", {}).get("environments", {}).get(env_id, {})
+            engines.setdefault(engine, {"runs": []})["runs"].append({
+                "meta_seed": int(seed), "record": str(path), "env_id": env_id,
+                "returns": {row["objective"]: row["returns"] for row in record["results"]},
+                "comparisons": stats["comparisons"],
+                "chosen": {name: entry.get("chosen") for name, entry in tuning.items()}})
+        for section in engines.values():
+            pairs = [(c["evolved"], c["baseline"]) for c in section["runs"][0]["comparisons"]]
+            pooled = []
+            for evolved, baseline in pairs:
+                found = np.concatenate([run["returns"][evolved] for run in section["runs"]])
+                base = np.concatenate([run["returns"][baseline] for run in section["runs"]])
+                estimate = probability_of_improvement(found, base, paired=True)
+                verdicts = [next(c["verdict"] for c in run["comparisons"]
+                                 if (c["evolved"], c["baseline"]) == (evolved, baseline))
+                            for run in section["runs"]]
+                pooled.append({"evolved": evolved, "baseline": baseline, "verdicts": verdicts,
+                               "pooled_p_improvement": {"value": estimate.value,
+                                                        "low": estimate.low,
+                                                        "high": estimate.high},
+                               "pooled_verdict": verdict(estimate.low, estimate.high)})
+            section["pooled"] = pooled
+        report["tasks"][task_dir.name] = engines
+    return report
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--task", nargs="+", choices=tuple(TASKS), default=["drift",
@@ -500,12 +550,30 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--deadline", type=float, default=None, metavar="SECONDS",
                         help="--memory, --speed: skip or stop the settings past this time")
     parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--evaluations", metavar="DIR", default=None,
+                        help="summarise instead the tuned evaluations of the searches that "
+                             "--run-dirs DIR wrote (metarl evaluate RUN --tune --start on "
+                             "each first): per run and pooled over meta-seeds")
     parser.add_argument("--out", default="docs/results/engines.json")
     args = parser.parse_args(argv)
     command = "python benchmarks/engines.py " + " ".join(sys.argv[1:] if argv is None else argv)
     if args.child:
         measure_child(json.loads(args.child))
         return {}
+    if args.evaluations:
+        report = {"benchmark": "engines evaluations", "command": command,
+                  **summarise_evaluations(Path(args.evaluations))}
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
+        for task, engines in report["tasks"].items():
+            for engine, section in engines.items():
+                for row in section["pooled"]:
+                    estimate = row["pooled_p_improvement"]
+                    print(f"{task:16} {engine:13} {row['evolved']:16} vs {row['baseline']:14} "
+                          f"{estimate['value']:.2f} [{estimate['low']:.2f}, "
+                          f"{estimate['high']:.2f}] {row['pooled_verdict']:20} "
+                          f"{row['verdicts']}")
+        return report
     if args.memory or args.speed:
         if args.speed and len(args.populations) != len(args.agents):
             parser.error("--speed: give one --agents count per --populations size")

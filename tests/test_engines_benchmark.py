@@ -75,3 +75,37 @@ def test_speed_settings_go_smallest_first_and_a_deadline_skips_what_would_not_fi
     rows = engines.measure_rows(specs[:2], 0, lambda rows: written.append(list(rows)))
     assert [row["skipped"] for row in rows] == ["past --deadline"] * 2
     assert [len(rows) for rows in written] == [1, 2]  # what ran so far is never lost
+
+
+def test_the_tuned_evaluations_of_each_engine_are_pooled_over_meta_seeds(tmp_path):
+    """``--evaluations`` reads each search's newest ``metarl evaluate`` record and pools
+    each comparison over the meta-seeds, pairing every run's rows seed by seed."""
+    from metarl.stats import probability_of_improvement
+
+    engines = load_benchmark()
+    rng = np.random.default_rng(0)
+    baseline = rng.normal(200, 10, 16)
+    found = {0: baseline + 5, 1: baseline - 1}  # one run ahead on every seed, one behind
+    for seed, returns in found.items():
+        evaluations = tmp_path / "cartpole_value" / f"evolution_s{seed}" / "evaluations"
+        evaluations.mkdir(parents=True)
+        (evaluations / "1.json").write_text("{}")  # an older record, replaced by 2.json
+        (evaluations / "2.json").write_text(json.dumps({
+            "results": [{"objective": "evolved (tuned)", "returns": list(returns)},
+                        {"objective": "l2 (tuned)", "returns": list(baseline)}],
+            "statistics": {"environments": {"CartPole-v1": {"comparisons": [
+                {"evolved": "evolved (tuned)", "baseline": "l2 (tuned)",
+                 "verdict": "better" if seed == 0 else "worse"}]}}},
+            "tuning": {"environments": {"CartPole-v1": {
+                "l2": {"chosen": {"vf_coef": 0.3}}}}}}))
+    out = tmp_path / "evaluations.json"
+    engines.main(["--evaluations", str(tmp_path), "--out", str(out)])
+    section = json.loads(out.read_text())["tasks"]["cartpole_value"]["evolution"]
+    assert [run["meta_seed"] for run in section["runs"]] == [0, 1]
+    assert section["runs"][0]["record"].endswith("2.json")
+    assert section["runs"][1]["chosen"] == {"l2": {"vf_coef": 0.3}}
+    pooled, = section["pooled"]
+    assert pooled["verdicts"] == ["better", "worse"]
+    expected = probability_of_improvement(np.concatenate([found[0], found[1]]),
+                                          np.concatenate([baseline, baseline]), paired=True)
+    assert pooled["pooled_p_improvement"]["value"] == expected.value == 0.5
