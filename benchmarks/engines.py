@@ -133,9 +133,7 @@ def outliers_measure(meta_params) -> float:
 
 # PPO on CartPole-v1 at the main job's size (experiments/value_distance_cartpole.toml: 128
 # updates of 4 x 128 steps, 64-64 networks), where agents learn (the main job's fitness,
-# the mean training return, is about 200 to 260). The record
-# docs/results/engines/cartpole.json was made with an earlier, smaller task (64 updates of
-# 4 x 64 steps, hidden [32]) whose agents did not learn: returns of 26
+# the mean training return, is about 200 to 260)
 CARTPOLE_INNER = {"env_id": "CartPole-v1", "num_envs": 4, "num_steps": 128,
                   "total_timesteps": 65_536, "update_epochs": 4, "num_minibatches": 4}
 CARTPOLE_OBJECTIVES = {
@@ -149,8 +147,8 @@ CARTPOLE_OBJECTIVES = {
 # perturbed off PPO's clip as in the drift known-answer task
 CARTPOLE_ES = {"cartpole_value": {"sigma": 0.1, "learning_rate": 0.05},
                "cartpole_drift": {"sigma": 0.03, "learning_rate": 0.03}}
-# (an init_noise of 0.03 left CartPole's drift at its flat point: its meta-gradient was
-# exactly zero for 308 steps on every meta-seed, docs/results/engines/cartpole.json)
+# (an init_noise of 0.03 left the drift of an earlier, smaller CartPole task at its flat
+# point: its meta-gradient was exactly zero for 308 steps on every meta-seed)
 CARTPOLE_META = {"cartpole_value": {"objective": "actor_critic", "learning_rate": 0.01},
                  "cartpole_drift": {"objective": "policy", "learning_rate": 0.01,
                                     "init_noise": 0.1}}
