@@ -221,6 +221,17 @@ def smaller(config: ExperimentConfig, changes: dict[str, Any]) -> ExperimentConf
     return config
 
 
+def build_engine(engine: str, config: ExperimentConfig):
+    """``engine``'s search of ``config``, not yet started: ``(search, agent-steps of one of
+    its steps, the meta-parameters it starts from)``."""
+    if engine == "evolution":
+        search = Evolution(config)
+        return (search, search.agent_steps_per_generation,
+                search_start(search.objective, config.run.seed))
+    search = MetaGradient(config)
+    return search, search.agent_steps_per_step, metagradient_start(search.objective, config)
+
+
 def run_search(task: Task, engine: str, config: ExperimentConfig, agent_steps: int,
                measure_every: int = 1, run_dir: Path | None = None) -> dict[str, Any]:
     """One search of ``config`` by ``engine`` until ``agent_steps`` have trained, the
@@ -231,22 +242,13 @@ def run_search(task: Task, engine: str, config: ExperimentConfig, agent_steps: i
     if run_dir is not None:
         return run_in_directory(task, engine, config, agent_steps, run_dir)
     started = time.process_time()
-    if engine == "evolution":
-        search = Evolution(config)
-        per_step = search.agent_steps_per_generation
-        state = search.init(jax.random.PRNGKey(config.run.seed))
+    search, per_step, start = build_engine(engine, config)
+    state = search.init()  # from the run's seed, as a run directory's
 
-        def current(state):
-            return jax.device_get(search.mean_meta_params(state))
-        start = search_start(search.objective, config.run.seed)
-    else:
-        search = MetaGradient(config)
-        per_step = search.agent_steps_per_step
-        state = search.init()
-
-        def current(state):
-            return jax.device_get(state.meta_params)
-        start = metagradient_start(search.objective, config)
+    def current(state):
+        point = (search.mean_meta_params(state) if engine == "evolution"
+                 else state.meta_params)
+        return jax.device_get(point)
     steps = max(1, -(-agent_steps // per_step))
     trajectory = []
     if task.measure is not None:
@@ -277,14 +279,7 @@ def run_in_directory(task: Task, engine: str, config: ExperimentConfig, agent_st
         raise ValueError("--run-dirs: only the tasks without a known answer are written as "
                          "run directories")
     started = time.process_time()
-    if engine == "evolution":
-        search = Evolution(config)
-        per_step = search.agent_steps_per_generation
-        start = search_start(search.objective, config.run.seed)
-    else:
-        search = MetaGradient(config)
-        per_step = search.agent_steps_per_step
-        start = metagradient_start(search.objective, config)
+    search, per_step, start = build_engine(engine, config)
     steps = max(1, -(-agent_steps // per_step))
     config = with_budget(config, engine, steps).replace(
         name=run_dir.name, run=dataclasses.replace(config.run, checkpoint_every=steps,
@@ -343,22 +338,20 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def engine_search(engine: str, size: int | None, unroll: int | None, remat: bool,
-                  smoke: bool = False):
-    """One engine on the CartPole value task, ready to step: ``(search, state,
-    agent-steps per step)``. ``size``: the evolution's population or the meta-gradient's
-    agents (``None``: the task's); ``unroll`` and ``remat``: the meta-gradient's."""
+def cost_config(engine: str, size: int | None, unroll: int | None, remat: bool,
+                smoke: bool = False) -> ExperimentConfig:
+    """One engine's experiment on the CartPole value task for ``--memory`` and ``--speed``.
+    ``size``: the evolution's population or the meta-gradient's agents (``None``: the
+    task's); ``unroll`` and ``remat``: the meta-gradient's."""
     config = TASKS["cartpole_value"].configs[engine](0)
     if smoke:
         config = smaller(config, SMOKE_INNER["cartpole_value"])
     if engine == "evolution":
         if size:
             config = config.replace(es=dataclasses.replace(config.es, population_size=size))
-        search = Evolution(config)
-        return search, search.init(jax.random.PRNGKey(0)), search.agent_steps_per_generation
+        return config
     changes = {"unroll": unroll, "remat": remat} | ({"agents": size} if size else {})
-    search = MetaGradient(config.replace(meta=dataclasses.replace(config.meta, **changes)))
-    return search, search.init(), search.agent_steps_per_step
+    return config.replace(meta=dataclasses.replace(config.meta, **changes))
 
 
 def device_peak_mib() -> float | None:
@@ -378,8 +371,9 @@ def measure_child(spec: dict[str, Any]) -> None:
     Linux) and the accelerator's peak bytes in use."""
     import resource
 
-    search, state, per_step = engine_search(spec["engine"], spec["size"], spec["unroll"],
-                                            spec["remat"], spec["smoke"])
+    search, per_step, _ = build_engine(spec["engine"], cost_config(
+        spec["engine"], spec["size"], spec["unroll"], spec["remat"], spec["smoke"]))
+    state = search.init()
     started = time.perf_counter()
     compiled = search.step.lower(state).compile()
     compile_seconds = time.perf_counter() - started
@@ -442,7 +436,8 @@ def memory_specs(unrolls: list[int], agent_steps: int, smoke: bool) -> list[dict
                                                for unroll in unrolls for remat in (True, False)]
     specs = []
     for engine, unroll, remat in settings:
-        per_step = engine_search(engine, None, unroll, remat, smoke)[2]
+        # the step's size without starting the search: nothing compiles in this process
+        per_step = build_engine(engine, cost_config(engine, None, unroll, remat, smoke))[1]
         specs.append({"engine": engine, "size": None, "unroll": unroll, "remat": remat,
                       "steps": max(1, -(-agent_steps // per_step)), "smoke": smoke})
     return specs
