@@ -474,7 +474,8 @@ def summarise_evaluations(root: Path) -> dict[str, Any]:
     evaluate --tune --start`` record: per run the held-out returns of every row, the
     comparisons and the chosen settings (the records' training curves left out); per task
     and engine each comparison pooled over the meta-seeds (their held-out seeds together,
-    paired with the same baseline row of each run)."""
+    paired with the same baseline row of each run); with both engines, their results
+    against each other (:func:`between_engines`)."""
     report = {"root": str(root), "tasks": {}}
     for task_dir in sorted(path for path in root.iterdir() if path.is_dir()):
         engines: dict[str, Any] = {}
@@ -505,8 +506,31 @@ def summarise_evaluations(root: Path) -> dict[str, Any]:
                                                         "high": estimate.high},
                                "pooled_verdict": verdict(estimate.low, estimate.high)})
             section["pooled"] = pooled
+        if set(ENGINES) <= engines.keys():
+            engines["evolution_vs_metagradient"] = between_engines(engines)
         report["tasks"][task_dir.name] = engines
     return report
+
+
+def between_engines(engines: dict[str, Any]) -> list[dict[str, Any]]:
+    """The two engines' results against each other, for each row both evaluated
+    (``evolved``, ``evolved (tuned)``): evolution's runs against meta-gradients', meta-seed
+    by meta-seed and held-out seed by held-out seed (``metarl evaluate`` trains every row on
+    the same keys), pooled."""
+    evolution, metagradient = (sorted(engines[name]["runs"], key=lambda run: run["meta_seed"])
+                               for name in ENGINES)
+    rows = []
+    for row in ("evolved", "evolved (tuned)"):
+        if not all(row in run["returns"] for run in evolution + metagradient):
+            continue
+        found = np.concatenate([run["returns"][row] for run in evolution])
+        other = np.concatenate([run["returns"][row] for run in metagradient])
+        estimate = probability_of_improvement(found, other, paired=True)
+        rows.append({"row": row, "p_evolution_better": {"value": estimate.value,
+                                                        "low": estimate.low,
+                                                        "high": estimate.high},
+                     "verdict": verdict(estimate.low, estimate.high)})
+    return rows
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -559,7 +583,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
         for task, engines in report["tasks"].items():
+            for row in engines.get("evolution_vs_metagradient", []):
+                estimate = row["p_evolution_better"]
+                print(f"{task:16} evolution against meta-gradients, {row['row']}: "
+                      f"{estimate['value']:.2f} [{estimate['low']:.2f}, "
+                      f"{estimate['high']:.2f}] {row['verdict']}")
             for engine, section in engines.items():
+                if engine not in ENGINES:
+                    continue
                 for row in section["pooled"]:
                     estimate = row["pooled_p_improvement"]
                     print(f"{task:16} {engine:13} {row['evolved']:16} vs {row['baseline']:14} "

@@ -109,3 +109,21 @@ def test_the_tuned_evaluations_of_each_engine_are_pooled_over_meta_seeds(tmp_pat
     expected = probability_of_improvement(np.concatenate([found[0], found[1]]),
                                           np.concatenate([baseline, baseline]), paired=True)
     assert pooled["pooled_p_improvement"]["value"] == expected.value == 0.5
+
+
+def test_the_two_engines_results_are_compared_seed_by_seed(tmp_path):
+    """With both engines under the root, ``--evaluations`` also pits evolution's results
+    against meta-gradients', held-out seed by held-out seed."""
+    engines = load_benchmark()
+    baseline = np.arange(16, dtype=float)
+    for engine, shift in (("evolution", 1.0), ("metagradient", 0.0)):
+        evaluations = tmp_path / "cartpole_value" / f"{engine}_s0" / "evaluations"
+        evaluations.mkdir(parents=True)
+        (evaluations / "1.json").write_text(json.dumps({
+            "results": [{"objective": "evolved", "returns": list(baseline + shift)}],
+            "statistics": {"environments": {"CartPole-v1": {"comparisons": []}}}}))
+    report = engines.main(["--evaluations", str(tmp_path), "--out",
+                           str(tmp_path / "evaluations.json")])
+    versus, = report["tasks"]["cartpole_value"]["evolution_vs_metagradient"]
+    assert versus["row"] == "evolved" and versus["verdict"] == "better"
+    assert versus["p_evolution_better"]["value"] == 1.0  # ahead on every held-out seed
