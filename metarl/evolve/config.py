@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from inner_loops.registry import algorithm_of
@@ -76,26 +77,125 @@ FITNESS_METRICS = ("final_return", "mean_return")
 class ObjectiveConfig:
     """The learned objective whose meta-parameters are evolved.
 
+    Building it imports ``module`` (when given) and checks ``name`` and ``options`` against
+    the registered factory, so a config that builds names an objective that exists, with
+    options its factory takes (:mod:`metarl.objectives.options`).
+
     Attributes:
         name: a registered objective (``metarl.objectives.available_objectives()``), e.g.
-            ``value_distance``, ``lpo``, ``ta_lpo``.
+            ``value_distance``, ``lpo``, ``ta_lpo``, or one that ``module`` or an installed
+            package (entry points ``metarl.objectives``) registers.
         options: keyword arguments of that objective's factory, e.g. ``hidden_sizes``.
+        module: the module that registers ``name`` when it is not one of this package's:
+            an importable module name (``"my_objectives"``, ``"mypkg.objectives"``) or a
+            path to a ``.py`` file, absolute or relative to ``base_dir``. A run copies a
+            ``.py`` file into its directory (``objective_source/<file name>``) and records
+            that path, so every later command finds it (:meth:`recorded_in`).
+        sha256: the ``.py`` file's sha256, recorded when it is first read; a file that
+            differs later is used with a warning.
+        base_dir: the folder a relative ``.py`` path is read from, set by the loader (the
+            experiment file's folder, the run directory); neither saved nor compared.
     """
 
     name: str = "value_distance"
     options: dict[str, Any] = field(default_factory=dict)
+    module: str | None = None
+    sha256: str | None = None
+    base_dir: str | None = field(default=None, compare=False)
 
     def __post_init__(self):
         check_finite_numbers("objective.options", self.options)
+        for name in ("module", "sha256", "base_dir"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value):
+                raise ConfigError(f"objective.{name}: expected a non-empty string, got "
+                                  f"{value!r}")
+        if self.sha256 is not None and not (self.module and self.module.endswith(".py")):
+            raise ConfigError("objective.sha256: the sha256 of a .py file named by "
+                              "objective.module; there is none")
+        from metarl.objectives.options import check_options
+
+        declaration = self.declaration()
+        try:
+            check_options(self.name, declaration.factory, self.options)
+        except ValueError as error:
+            raise ConfigError(f"objective.{error}") from None
+
+    def declaration(self):
+        """The registered objective (:class:`~metarl.objectives.registry.
+        RegisteredObjective`), ``module`` imported first; a one-line
+        :class:`~metarl.config.ConfigError` naming the objective, where it was to come from,
+        why it was not found and what to do."""
+        from metarl.objectives.registry import available_objectives, get_objective
+        from metarl.objectives.sources import (
+            WHAT_TO_DO,
+            ObjectiveSourceError,
+            describe_source,
+            file_sha256,
+            import_objective_module,
+            is_file_source,
+            source_path,
+        )
+
+        where = describe_source(self.module, self.base_dir)
+        if self.module is not None:
+            try:
+                import_objective_module(self.module, self.base_dir, self.sha256)
+            except ObjectiveSourceError as error:
+                restore = "restore that file, or " if is_file_source(self.module) else ""
+                raise ConfigError(f"objective: cannot load objective {self.name!r}: {error}; "
+                                  f"{restore}{WHAT_TO_DO}") from None
+            if is_file_source(self.module) and self.sha256 is None:
+                object.__setattr__(self, "sha256",
+                                   file_sha256(source_path(self.module, self.base_dir)))
+        try:
+            return get_objective(self.name)
+        except ValueError:
+            why = (f"its {where} was imported but registers no objective of that name"
+                   if self.module is not None
+                   else f"{where}, and no installed package registers it")
+            raise ConfigError(f"objective: unknown objective {self.name!r} ({why}); "
+                              f"{WHAT_TO_DO}; available objectives: "
+                              f"{', '.join(available_objectives())}") from None
 
     def build(self):
         """The :class:`~inner_loops.objective.Objective` this config names."""
         from metarl.objectives import make_objective
 
+        self.declaration()  # the module, imported in this process
         try:
             return make_objective(self.name, **self.options)
         except ValueError as error:
             raise ConfigError(f"objective: {error}") from error
+
+    def recorded_in(self, run_dir: str | Path) -> tuple[ObjectiveConfig, dict[str, Path]]:
+        """This config as the run in ``run_dir`` records it, and the files to copy there
+        (``{path inside run_dir: file}``): a ``.py`` module becomes its copy
+        ``objective_source/<file name>`` with its sha256; anything else stays as it is."""
+        from metarl.objectives.sources import ObjectiveSourceError, is_file_source, recorded_source
+
+        if self.module is None or not is_file_source(self.module):
+            return self, {}
+        try:
+            inside, sha256, path = recorded_source(self.module, self.base_dir)
+        except ObjectiveSourceError as error:
+            raise ConfigError(f"objective.module: {error}") from None
+        if self.sha256 is not None and sha256 != self.sha256:
+            raise ConfigError(f"objective.module: {path} changed after the experiment was "
+                              f"loaded (sha256 {self.sha256[:12]}..., now {sha256[:12]}...); "
+                              "start the run again")
+        recorded = dataclasses.replace(self, module=inside, sha256=sha256,
+                                       base_dir=str(Path(run_dir).absolute()))
+        return recorded, {inside: path}
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data as a run saves it: no ``base_dir``, and ``module`` and ``sha256`` only
+        when set (a config without them reads as before they existed)."""
+        data = {"name": self.name, "options": plain(self.options)}
+        for name in ("module", "sha256"):
+            if getattr(self, name) is not None:
+                data[name] = getattr(self, name)
+        return data
 
 
 @dataclass(frozen=True)
@@ -546,6 +646,7 @@ class ExperimentConfig:
     def to_dict(self) -> dict[str, Any]:
         """Plain-JSON form that :func:`config_from_dict` reads back to an equal config."""
         data = dataclasses.asdict(self)
+        data["objective"] = self.objective.to_dict()
         data["inner"] = [inner_to_dict(cfg) for cfg in self.inner]
         data["held_out"] = [inner_to_dict(cfg) for cfg in self.held_out]
         if self.meta.metagradient:
@@ -556,6 +657,14 @@ class ExperimentConfig:
 
     def replace(self, **changes) -> ExperimentConfig:
         return dataclasses.replace(self, **changes)
+
+    def recorded_in(self, run_dir: str | Path) -> tuple[ExperimentConfig, dict[str, Path]]:
+        """This config as a run in ``run_dir`` records it and the files to copy there
+        (:meth:`ObjectiveConfig.recorded_in`): the hook ``record_sources`` of the run kinds
+        that train it."""
+        objective, files = self.objective.recorded_in(run_dir)
+        return (self if objective is self.objective else self.replace(objective=objective),
+                files)
 
 
 def config_from_dict(data: dict[str, Any]) -> ExperimentConfig:

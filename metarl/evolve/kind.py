@@ -215,4 +215,5 @@ RUN_KIND = engine.RunKind(
     score_key="best_fitness", best_so_far_key="best_fitness_so_far", valid_key="valid",
     budget_field="es.generations",
     invalid="every candidate was invalid (NaN or infinite returns)",
-    advice="Check the config's settings (learning rates, es.sigma, ...)")
+    advice="Check the config's settings (learning rates, es.sigma, ...)",
+    record_sources=ExperimentConfig.recorded_in)

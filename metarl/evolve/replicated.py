@@ -63,6 +63,7 @@ from metarl.evolve.config import ExperimentConfig, config_from_dict
 from metarl.evolve.evaluate import evaluate_runs, text_table
 from metarl.evolve.generation import Evolution, EvolutionState
 from metarl.evolve.kind import RUN_KIND, EvolveProgram, RunResult
+from metarl.objectives.sources import with_source_folder
 from metarl.programs import program_key, shared_program
 from metarl.runs import engine
 from metarl.runs.config_history import config_changes, format_changes
@@ -76,7 +77,7 @@ from metarl.runs.replicates import (
     write_replicates,
 )
 from metarl.runs.resume import had_checkpoints, notify
-from metarl.runs.start import create_run_dir, started_run
+from metarl.runs.start import copy_files, create_run_dir, started_run
 from metarl.sharding import put_replicated, replicate
 from metarl.stats import OUTCOMES
 
@@ -323,11 +324,13 @@ def _check_fresh_parent(parent: Path, config: ExperimentConfig) -> dict[str, Any
 def _new_seed(parent: Path, name: str, config: ExperimentConfig, stack, command: str,
               mesh=None, tuning=None) -> engine.JointMember:
     """Create seed directory ``parent/name`` for ``config`` (its lock held in ``stack``)
-    and its initial state."""
+    and its initial state (the objective's ``.py`` module copied in, as a run's)."""
+    config, files = config.recorded_in(parent / name)
     program = RUN_KIND.build(config, mesh)
     stack.enter_context(started_run(
         parent / name, config.to_dict(), command=command, normalize=RUN_KIND.normalize,
-        budget_fields=RUN_KIND.budget_fields, kind=RUN_KIND.name, budget=program.steps))
+        budget_fields=RUN_KIND.budget_fields, files=files, kind=RUN_KIND.name,
+        budget=program.steps))
     state = program.init()  # the config gives the shared baselines: nothing is measured
     program.baseline_tuning = tuning  # kept as baseline_tuning.json after generation 1
     return engine.JointMember(parent / name, program, state)
@@ -347,12 +350,15 @@ def start_replicated(config: ExperimentConfig, run_dir: str | Path | None = None
     count = config.es.evolution_seeds
     parent = Path(run_dir) if run_dir is not None else engine.new_run_dir(config)
     parent = Path(distributed.agree(str(parent)))
+    config, files = config.recorded_in(parent)  # the parent keeps the objective's module too
     joint = ReplicatedProgram(config, count, mesh)  # checks the config fully first
     check_trackers(config.run.trackers)
     command = f"metarl run --run-dir {parent} --evolution-seeds {count}"
     create_run_dir(parent, "metarl-replicates-mkdir")
     with hold_run_lock(parent, command), contextlib.ExitStack() as stack:
         earlier = _check_fresh_parent(parent, config)
+        if distributed.is_primary():
+            copy_files(parent, files)
         if earlier is not None and "baselines" in earlier:
             baselines, tuning = earlier["baselines"], earlier.get("baseline_tuning")
         else:
@@ -388,7 +394,7 @@ def resume_replicated(run_dir: str | Path, generations: int | None = None,
     generations). A seed whose directory was never created starts from the beginning."""
     parent = Path(run_dir)
     data = read_replicates(parent)
-    config = config_from_dict(data["config"])
+    config = config_from_dict(with_source_folder(data["config"], parent))
     if generations is not None:
         config = config.replace(es=dataclasses.replace(config.es, generations=generations))
     dirs = replicate_dirs(parent)

@@ -22,6 +22,11 @@ the modules shipped here:
   ``"optimizer"`` slot (PPO) and starting at Adam (:mod:`.learned_optimizer`).
 * ``"open_optimizer"``: the same with OPEN's dormancy, layer-position and learned-noise
   inputs (:mod:`.open_optimizer`).
+
+Objectives defined elsewhere register the same way from their own module: an experiment
+names it with ``[objective] module = "my_objectives"`` (or ``"path/to/file.py"``), and
+installed packages declare theirs as entry points of the group ``metarl.objectives``
+(:mod:`.sources`); a run keeps what it needs to import it again in every later command.
 """
 
 from __future__ import annotations

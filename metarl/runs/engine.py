@@ -71,6 +71,7 @@ import numpy as np
 
 from metarl import distributed
 from metarl.config import ConfigError, read_config_data, upgrade_saved_config
+from metarl.objectives.sources import with_source_folder
 from metarl.runs import config_history, stopping
 from metarl.runs import start as runs_start
 from metarl.runs.checkpoint import DamagedCheckpoint, RunCheckpointer, score_of_line
@@ -129,6 +130,10 @@ class RunKind:
         command: the command that starts a run of this kind (named in the lock).
         invalid: what an invalid step means, for the stop message.
         advice: what to check when the run stops itself.
+        record_sources: ``(config, run_dir) -> (config as the run records it, {path inside
+            run_dir: file})``: files the config reads from outside (a user's objective
+            module), copied into a new run directory so that every later command, in any
+            process or on another machine, finds them; ``None``: the kind reads none.
     """
 
     name: str
@@ -147,6 +152,7 @@ class RunKind:
     command: str = "metarl run"
     invalid: str = "every member's losses were non-finite"
     advice: str = "Check the [inner] settings"
+    record_sources: Callable[[Any, Path], tuple[Any, dict[str, Path]]] | None = None
 
     @property
     def budget_fields(self) -> tuple[str, ...]:
@@ -174,9 +180,9 @@ class RunKind:
                            "is empty)")
         out = run_dir / PLOTS_DIR
         out.mkdir(exist_ok=True)
-        path = out / filename
-        draw(config, history).savefig(path, dpi=110)
-        return [path]
+        from metarl.figures.style import save_png
+
+        return [save_png(draw(config, history), out / filename)]
 
     def normalize(self, data: dict[str, Any]) -> dict[str, Any]:
         """A saved config with defaults filled in, so comparing two finds only real
@@ -197,7 +203,8 @@ def read_config(run_dir: str | Path, from_dict: Callable[[dict[str, Any]], Any])
         raise RunError(f"run directory not found: {run_dir}")
     if not (run_dir / CONFIG_FILE).is_file():
         raise RunError(f"{run_dir} is not a metarl run: it has no {CONFIG_FILE}")
-    return from_dict(upgrade_saved_config(read_config_data(run_dir / CONFIG_FILE)))
+    data = upgrade_saved_config(read_config_data(run_dir / CONFIG_FILE))
+    return from_dict(with_source_folder(data, run_dir))  # its objective's copied module
 
 
 @dataclass
@@ -653,12 +660,15 @@ def start_run(kind: RunKind, config, run_dir: str | Path | None = None, mesh=Non
 
     run_dir = Path(run_dir) if run_dir is not None else new_run_dir(config)
     run_dir = Path(distributed.agree(str(run_dir)))  # process 0's clock names the directory
+    files = {}
+    if kind.record_sources is not None:
+        config, files = kind.record_sources(config, run_dir)
     program = kind.build(config, mesh)  # checks the config fully before anything is written
     check_trackers(config.run.trackers)
     with started_run(run_dir, config.to_dict(),
                      command=f"{kind.command} --run-dir {run_dir}", normalize=kind.normalize,
-                     budget_fields=kind.budget_fields, kind=kind.name, budget=program.steps,
-                     backend=current_backend()):
+                     budget_fields=kind.budget_fields, files=files, kind=kind.name,
+                     budget=program.steps, backend=current_backend()):
         return _train(kind, program, program.init(), run_dir, [], [])
 
 

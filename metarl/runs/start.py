@@ -9,8 +9,9 @@ and the status, and keeps the lock while the run kind trains in its ``with`` blo
 
 from __future__ import annotations
 
+import shutil
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -51,13 +52,31 @@ def create_run_dir(run_dir: Path, barrier: str) -> None:
     distributed.barrier(barrier)
 
 
+def copy_files(run_dir: Path, files: Mapping[str, Path]) -> None:
+    """Copy each ``file`` to ``run_dir / path`` (folders created; a file already there is
+    kept when it is that very file); a :class:`RunError` naming it when that fails."""
+    for inside, source in files.items():
+        target = run_dir / inside
+        try:
+            if target.exists() and target.samefile(source):
+                continue
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(source, target)
+        except OSError as error:
+            raise RunError(f"cannot copy {source} to {target}: "
+                           f"{error.strerror or error}") from error
+
+
 @contextmanager
 def started_run(run_dir: Path, config: dict[str, Any], *, command: str,
                 normalize: Callable[[dict[str, Any]], dict[str, Any]],
-                budget_fields: Iterable[str], **status: Any) -> Iterator[None]:
+                budget_fields: Iterable[str], files: Mapping[str, Path] | None = None,
+                **status: Any) -> Iterator[None]:
     """Create ``run_dir`` for a new run of ``config`` (plain data) and hold its lock for the
-    ``with`` block. ``command`` names the holder in the lock; ``status`` adds fields to
-    ``status.json`` (e.g. the run kind and its budget)."""
+    ``with`` block. ``command`` names the holder in the lock; ``files`` (``{path inside
+    run_dir: file}``) are copied in before the config is written (what the config reads
+    from outside, e.g. its objective's module); ``status`` adds fields to ``status.json``
+    (e.g. the run kind and its budget)."""
     from metarl import distributed
 
     create_run_dir(run_dir, "metarl-start-mkdir")
@@ -66,6 +85,7 @@ def started_run(run_dir: Path, config: dict[str, Any], *, command: str,
         distributed.barrier("metarl-start-checked")  # all have looked before 0 writes
         if distributed.is_primary():
             remove_stale_temporaries(run_dir)
+            copy_files(run_dir, files or {})
             write_json(run_dir / CONFIG_FILE, config, run_dir)
             config_history.record(run_dir, "start", config=config)
             write_status(run_dir, "running", started=now(), **status)
