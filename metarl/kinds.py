@@ -41,11 +41,13 @@ from pathlib import Path
 from typing import Any
 
 from metarl.config import ConfigError, apply_overrides, read_config_data
+from metarl.objectives.sources import with_source_folder
 from metarl.runs.engine import load_run as engine_load_run
 from metarl.runs.engine import resume_run, start_run
 from metarl.runs.layout import CONFIG_FILE, RunError, read_json
 from metarl.runs.replicates import is_replicated, read_replicates, replicate_dirs
 from metarl.runs.stopping import stop_conditions
+from metarl.shipped import experiment_path
 
 EVOLVE, PBT, CEM_RL, DVD = "evolve", "pbt", "cem_rl", "dvd"
 KIND_MODULES = {
@@ -93,8 +95,13 @@ def experiment_from_dict(data: dict[str, Any]):
 
 
 def load_experiment(path: str | Path, overrides: list[str] | None = None):
-    """Load, override (``--set`` style) and validate an experiment file of any kind."""
-    return experiment_from_dict(apply_overrides(read_config_data(path), overrides or []))
+    """Load, override (``--set`` style) and validate an experiment file of any kind: a path,
+    or where no file exists there the name of a shipped experiment
+    (``"value_distance_cartpole"``, :mod:`metarl.shipped`). A relative ``[objective] module
+    = "x.py"`` is read from the file's folder."""
+    path = experiment_path(path)
+    data = apply_overrides(read_config_data(path), overrides or [])
+    return experiment_from_dict(with_source_folder(data, Path(path).parent))
 
 
 def config_kind(config) -> str:
@@ -179,7 +186,8 @@ def read_config(run_dir: str | Path):
     """The validated config of the run in ``run_dir``, whatever its kind (of a parent of
     replicated runs, the experiment as started, ``es.evolution_seeds`` included)."""
     if is_parent(run_dir):
-        return kind_spec(run_kind(run_dir)).from_dict(read_replicates(run_dir)["config"])
+        data = with_source_folder(read_replicates(run_dir)["config"], run_dir)
+        return kind_spec(run_kind(run_dir)).from_dict(data)
     return kind_spec(run_kind(run_dir)).read_config(run_dir)
 
 
