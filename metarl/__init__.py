@@ -10,8 +10,19 @@ JAX::
     metarl.use_cpu_cores()          # one CPU device per core (or use_cpu_cores(n))
 
 Runs of every kind start, continue, evaluate and draw through :mod:`metarl.kinds`.
+A discovery (a file ``metarl export`` wrote, a run directory, or ``"zoo:<name>"``) loads as
+plain JAX functions with :func:`load_objective` (:mod:`metarl.discoveries.load`), which is
+imported on first use, so that importing ``metarl`` stays cheap.
 """
 
 from metarl.sharding import use_cpu_cores
 
-__all__ = ["use_cpu_cores"]
+__all__ = ["load_objective", "use_cpu_cores"]
+
+
+def __getattr__(name: str):
+    if name == "load_objective":
+        from metarl.discoveries.load import load_objective
+
+        return load_objective
+    raise AttributeError(f"module 'metarl' has no attribute {name!r}")

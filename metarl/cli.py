@@ -1,9 +1,13 @@
 """``metarl run | resume | evaluate | plot | distill | compare | sweep | runs | pack | unpack
 | devices``: the command line of the toolkit, and the only module that parses arguments and
-chooses devices. ``run`` starts an experiment file of any kind (:mod:`metarl.kinds`);
+chooses devices. ``run`` starts an experiment file of any kind (:mod:`metarl.kinds`), or a
+shipped experiment by name (:mod:`metarl.shipped`; ``run --list`` names them);
 ``resume``, ``evaluate``, ``plot`` and ``distill`` read the kind of the run directory.
 ``pack RUN_DIR [-o FILE]`` writes a run directory into one ``.tar.gz`` and ``unpack FILE
 [--into DIR]`` restores it, to continue it on another machine (:mod:`metarl.runs.archive`).
+``export RUN_DIR [-o FILE]`` writes an evolution run's discovery as one portable ``.npz``
+(:mod:`metarl.discoveries`), ``zoo`` lists the discoveries shipped with metarl, and
+``evaluate`` also takes such a file or ``zoo:<name>`` in place of a run directory.
 
 ``run`` and ``resume`` take ``--time-limit DURATION`` (``90s``, ``9m``, ``1h30m``, or
 seconds), counted from the command's start: the run stops cleanly before it runs out. They
@@ -43,6 +47,8 @@ from metarl import distributed, sharding
 def _run(args) -> int:
     from metarl.kinds import EVOLVE, config_kind, load_experiment, start
 
+    if args.list or args.config is None:
+        return _list_shipped(args)
     overrides = list(args.set)
     if args.track:
         overrides.append(f"run.trackers={list(args.track)!r}")
@@ -57,6 +63,33 @@ def _run(args) -> int:
         overrides.append(f"es.evolution_seeds={args.evolution_seeds!r}")
         config = load_experiment(args.config, overrides)  # validated: es.evolution_seeds
     return _report(start(config, args.run_dir, time_limit=_time_left(args)), args.no_plots)
+
+
+def _list_shipped(args) -> int:
+    """``metarl run --list``: every shipped experiment (:mod:`metarl.shipped`), one line
+    each: its name, its kind and the first line of its description."""
+    from metarl.config import ConfigError, read_config_data
+    from metarl.kinds import kind_of
+    from metarl.shipped import LIST_HINT, shipped_experiments
+
+    if not args.list:
+        raise ConfigError(f"name an experiment file or a shipped experiment; {LIST_HINT}")
+    if args.config is not None:
+        raise ConfigError(f"--list: lists the shipped experiments and runs none; drop "
+                          f"{args.config} or --list")
+    rows = []
+    for name, path in shipped_experiments().items():
+        data = read_config_data(path)
+        description = str(data.get("description") or name).strip().splitlines()[0]
+        rows.append((name, kind_of(data), description))
+    if not rows:
+        raise ConfigError("--list: no shipped experiments are installed (metarl/_experiments "
+                          "is missing)")
+    name_width = max(len(name) for name, _, _ in rows)
+    kind_width = max(len(kind) for _, kind, _ in rows)
+    for name, kind, description in rows:
+        print(f"{name:<{name_width}}  {kind:<{kind_width}}  {description}")
+    return 0
 
 
 def _resume(args) -> int:
@@ -133,6 +166,7 @@ EVOLVE_ONLY_OPTIONS = (  # (flag, keyword of evaluate_run, default on the comman
 def _evaluate(args) -> int:
     from metarl.kinds import EVOLVE, evaluate, evaluate_together, format_evaluation, run_kind
 
+    args.run_dirs = _discovery_run_dirs(args)
     options = {"eval_seed": args.eval_seed, "rerun": args.rerun}
     given = {flag: (name, getattr(args, name)) for flag, name, default in EVOLVE_ONLY_OPTIONS
              if getattr(args, name) != default}
@@ -175,6 +209,64 @@ def _evaluate(args) -> int:
             print(f"replaced {report['path']} with this new evaluation (--rerun)")
         else:
             print(f"saved {report['path']}")
+    return 0
+
+
+def _discovery_run_dirs(args) -> list[str]:
+    """``evaluate``'s sources with every discovery (a file ``metarl export`` wrote, or
+    ``zoo:<name>``) replaced by the run directory it is materialised in
+    (:mod:`metarl.discoveries.materialise`); ``--which`` follows the discoveries' candidate
+    unless given."""
+    from metarl.config import ConfigError
+    from metarl.discoveries.fileformat import DiscoveryFileError
+    from metarl.discoveries.materialise import is_discovery, materialise
+
+    sources = [source for source in args.run_dirs if is_discovery(source)]
+    if args.into is not None and len(sources) != 1:
+        raise ConfigError("--run-dir: names the folder of one discovery file or zoo entry; "
+                          f"got {len(sources)} among {', '.join(args.run_dirs)}")
+    run_dirs, candidates = [], set()
+    for source in args.run_dirs:
+        if source not in sources:
+            run_dirs.append(source)
+            continue
+        try:
+            run_dir, card = materialise(source, args.into)
+        except DiscoveryFileError as error:
+            raise ConfigError(str(error)) from None
+        except ValueError as error:  # an unknown zoo name: the message lists the zoo
+            raise ConfigError(str(error)) from None
+        candidates.add(card["candidate"])
+        print(f"discovery {source}: evaluated as the run directory {run_dir}")
+        run_dirs.append(str(run_dir))
+    if candidates:
+        if args.which != "mean" and candidates != {args.which}:
+            raise ConfigError(f"--which {args.which}: the discovery holds the "
+                              f"{', '.join(sorted(candidates))} candidate only")
+        if len(candidates) > 1:
+            raise ConfigError("evaluating discoveries of different candidates (mean and best) "
+                              "together; evaluate them one at a time")
+        args.which = candidates.pop()
+    return run_dirs
+
+
+def _export(args) -> int:
+    from metarl.discoveries.export import export_run, summary
+
+    exported = export_run(args.run_dir, args.which, args.out, args.force)
+    if not exported.card["verdicts"]["evaluations"]:
+        print(f"metarl export: {args.run_dir} was never evaluated: the file says so "
+              "(metarl evaluate RUN_DIR judges it)", file=sys.stderr)
+    print(f"wrote {exported.path}")
+    print(summary(exported))
+    return 0
+
+
+def _zoo(args) -> int:
+    from metarl.discoveries.zoo import listing
+
+    for line in listing():
+        print(line)
     return 0
 
 
@@ -319,8 +411,13 @@ def _add_run_commands(commands) -> None:
     run = commands.add_parser(
         "run", help="start a run of any kind from an experiment file (kind = \"evolve\", "
                     "the default, \"pbt\", \"cem_rl\" or \"dvd\")")
-    run.add_argument("config",
-                     help="experiment file, e.g. experiments/value_distance_cartpole.toml")
+    run.add_argument("config", nargs="?",
+                     help="experiment file, e.g. experiments/value_distance_cartpole.toml, "
+                          "or the name of a shipped experiment, e.g. value_distance_cartpole "
+                          "(a file at that path wins)")
+    run.add_argument("--list", action="store_true",
+                     help="name the shipped experiments, one a line: name, kind, "
+                          "description; runs nothing")
     _add_set(run, "es.generations=5")
     run.add_argument("--run-dir", default=None,
                      help="where to write the run (default: <run.output_dir>/<name>-<time>)")
@@ -368,7 +465,9 @@ def _add_reading_commands(commands) -> None:
     evaluate.add_argument("run_dirs", nargs="+", metavar="RUN_DIR",
                           help="a run directory; several evolution runs (seeds started "
                                "apart, variants of one experiment) are evaluated with the "
-                               "same options and their baselines trained once")
+                               "same options and their baselines trained once; a discovery "
+                               "file (metarl export) or zoo:NAME is evaluated as a run "
+                               "directory made from it (see --run-dir)")
     evaluate.add_argument("--env", dest="env_ids", action="append", default=[],
                           help="environment id or task label (repeatable; default: the "
                                "run's [[inner]] tasks, then its [[held_out]] ones)")
@@ -388,6 +487,10 @@ def _add_reading_commands(commands) -> None:
                                "'start', tuned like the evolved objective with --tune): the "
                                "evolved objective is judged against it, which says whether "
                                "the search did anything its starting point did not")
+    evaluate.add_argument("--run-dir", dest="into", default=None, metavar="DIR",
+                          help="with a discovery file or zoo entry: the folder to write it "
+                               "into as a run directory and evaluate it there (default: "
+                               "$XDG_CACHE_HOME/metarl/discoveries/<id>, ~/.cache without it)")
     evaluate.add_argument("--eval-seed", type=int, default=10_007)
     evaluate.add_argument("--total-timesteps", type=int, default=None,
                           help="override the training budget per agent")
@@ -492,6 +595,24 @@ def _add_reading_commands(commands) -> None:
                              "existing run directory there is never overwritten")
     unpack.set_defaults(handler=_unpack)
 
+    export = commands.add_parser(
+        "export", help="write an evolution run's discovered objective as one portable .npz "
+                       "file (meta-parameters and a card: objective, inputs, what it was "
+                       "found under, verdicts); metarl.load_objective(FILE) loads it")
+    export.add_argument("run_dir", metavar="RUN_DIR")
+    export.add_argument("--which", default="mean", choices=("mean", "best"),
+                        help="the search mean (default) or the best candidate")
+    export.add_argument("-o", "--out", default=None, metavar="FILE",
+                        help="the file to write (default: ./<experiment name>-<which>.npz)")
+    export.add_argument("--force", action="store_true", help="overwrite an existing file")
+    export.set_defaults(handler=_export)
+
+    zoo = commands.add_parser(
+        "zoo", help="list the discoveries shipped with metarl (metarl.load_objective"
+                    "(\"zoo:NAME\"), metarl evaluate zoo:NAME): name, objective, where it "
+                    "was found, verdicts against the tuned baselines")
+    zoo.set_defaults(handler=_zoo)
+
 
 def _add_tool_commands(commands) -> None:
     """``sweep`` and ``devices``."""
@@ -557,7 +678,8 @@ def _show_warnings_as_lines(command: str):
     return original
 
 
-FILE_COMMANDS = ("runs", "pack", "unpack")  # they read and write files only: JAX need not start
+# they read and write files only: JAX need not start
+FILE_COMMANDS = ("runs", "pack", "unpack", "zoo")
 STOPPED_EXIT_CODE = 4  # a run stopped by its time limit or a signal, resumable
 
 

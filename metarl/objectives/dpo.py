@@ -22,6 +22,9 @@ per value. ``init`` still returns ``{}``: evolution has nothing to learn here.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 
@@ -93,8 +96,22 @@ def drift_fn(alpha: float = DEFAULT_ALPHA, beta: float = DEFAULT_BETA) -> DriftF
     return DriftFunction(closed_form, f"DPO drift (α = {alpha:g}, β = {beta:g})")
 
 
+def _portable(meta_params: dict, options: Mapping[str, Any]) -> dict:
+    """DPO's drift as a plain function ``drift(ratio, advantage)`` (broadcasting
+    ``[...]``), ``alpha`` and ``beta`` from the meta-parameters where they hold them, else
+    from the options."""
+    policy_params = meta_params.get("policy", {})
+    alpha = policy_params.get("alpha", options.get("alpha", DEFAULT_ALPHA))
+    beta = policy_params.get("beta", options.get("beta", DEFAULT_BETA))
+
+    def closed_form(ratio: jax.Array, advantage: jax.Array) -> jax.Array:
+        return drift(ratio, advantage, alpha, beta)
+
+    return {"policy": closed_form}
+
+
 @register_objective("dpo", slots=("policy",), algorithms=("ppo", "recurrent_ppo"),
-                    baselines=("ppo",),
+                    baselines=("ppo",), portable=_portable,
                     tunables=(Tunable("alpha", (1.0, 4.0), option=True),
                               Tunable("beta", (0.3, 1.2), option=True), LEARNING_RATE))
 def make_dpo(alpha: float = DEFAULT_ALPHA, beta: float = DEFAULT_BETA) -> Objective:

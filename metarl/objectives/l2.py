@@ -22,6 +22,12 @@ Every grid has 12 settings.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
 from inner_loops.objective import Objective, huber, ppo_objective, squared_error
 from metarl.objectives.registry import LEARNING_RATE, VF_COEF, Tunable, register_objective
 
@@ -35,15 +41,37 @@ def make_ppo() -> Objective:
     return ppo_objective()
 
 
+def _portable_l2(meta_params: Any, options: Mapping[str, Any]) -> dict:
+    """L2 as a plain distance ``d(x) = 0.5 x^2`` of errors ``x = value - target``."""
+    del meta_params, options
+
+    def distance(x: jax.Array) -> jax.Array:
+        return 0.5 * jnp.square(jnp.asarray(x, jnp.float32))
+
+    return {"value": distance}
+
+
+def _portable_huber(meta_params: Any, options: Mapping[str, Any]) -> dict:
+    """Huber as a plain distance of errors ``x = value - target`` (threshold 1)."""
+    del meta_params, options
+
+    def distance(x: jax.Array) -> jax.Array:
+        error = jnp.abs(jnp.asarray(x, jnp.float32))
+        quadratic = jnp.minimum(error, 1.0)
+        return 0.5 * jnp.square(quadratic) + (error - quadratic)
+
+    return {"value": distance}
+
+
 @register_objective("l2", slots=("value",), baselines=("ppo",),
-                    tunables=(VF_COEF, LEARNING_RATE))
+                    tunables=(VF_COEF, LEARNING_RATE), portable=_portable_l2)
 def make_l2() -> Objective:
     """The plain unclipped L2 value loss."""
     return Objective(value=squared_error())
 
 
 @register_objective("huber", slots=("value",), baselines=("l2",),
-                    tunables=(VF_COEF, LEARNING_RATE))
+                    tunables=(VF_COEF, LEARNING_RATE), portable=_portable_huber)
 def make_huber() -> Objective:
     """The Huber value loss (threshold 1)."""
     return Objective(value=huber())

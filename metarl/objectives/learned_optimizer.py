@@ -422,8 +422,15 @@ def learned_optimizer_term(
                      max_additive)
 
 
+def _portable(meta_params: dict, options: Mapping[str, Any]) -> dict:
+    """The learned rule as the ``optax.GradientTransformationExtraArgs`` PPO uses (its
+    ``update(grads, state, params, *, progress, key)``)."""
+    term = learned_optimizer_term(**options)
+    return {"optimizer": term.transformation(meta_params["optimizer"])}
+
+
 @register_objective("learned_optimizer", slots=("optimizer",), baselines=("ppo",),
-                    plot=_figures)
+                    plot=_figures, portable=_portable)
 def make_learned_optimizer(
     hidden_sizes: Sequence[int] = DEFAULT_HIDDEN_SIZES,
     timescales: Sequence[float] = DEFAULT_TIMESCALES,

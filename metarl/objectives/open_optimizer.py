@@ -56,7 +56,7 @@ Meta-parameters: ``{"policy": {}, "value": {}, "optimizer": {"layers": [{"w": [F
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
@@ -186,8 +186,15 @@ def _figures(request: RunFigureRequest) -> dict[str, Any]:
         inputs_note=f"; dormancy {DRAWN_DORMANCY:g}, layer position {DRAWN_LAYER_POSITION:g}")
 
 
+def _portable(meta_params: dict, options: Mapping[str, Any]) -> dict:
+    """The learned rule as the ``optax.GradientTransformationExtraArgs`` PPO uses (its
+    ``update(grads, state, params, *, progress, key)``; ``key`` draws the learned noise)."""
+    term = open_optimizer_term(**options)
+    return {"optimizer": term.transformation(meta_params["optimizer"])}
+
+
 @register_objective("open_optimizer", slots=("optimizer",), baselines=("ppo",),
-                    plot=_figures)
+                    plot=_figures, portable=_portable)
 def make_open_optimizer(
     hidden_sizes: Sequence[int] = DEFAULT_HIDDEN_SIZES,
     timescales: Sequence[float] = DEFAULT_TIMESCALES,

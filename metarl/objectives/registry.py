@@ -58,6 +58,14 @@ CANDIDATE_LABELS = {"mean": "search mean", "best": "best candidate"}
 # ``plots/<stem>.png``.
 RunFigures = Callable[[RunFigureRequest], dict[str, Any]]
 
+# (whole meta-parameters {"policy": ..., "value": ...[, "optimizer": ...]}, the objective's
+# options) -> {slot: plain function of the slot's inputs} (a value distance d(x), a drift
+# (ratio, advantage), an optax transformation), pure and jit/vmap/grad-able; keyword-only
+# arguments named after fields of the algorithm's config (clip_eps) are bound by
+# metarl.discoveries.load from the run's first [inner] table. Slots left out are their
+# loss bound to the meta-parameters.
+Portable = Callable[[Any, Mapping[str, Any]], dict[str, Callable[..., Any]]]
+
 
 @dataclass(frozen=True)
 class Tunable:
@@ -129,6 +137,9 @@ class RegisteredObjective:
         plot: draws a run's learned loss (see :data:`RunFigures`); ``None``: nothing to draw.
         tunables: what ``metarl evaluate --tune`` searches over when this objective is a
             baseline (:class:`Tunable`); the grid is their product.
+        portable: turns meta-parameters into plain functions (:data:`Portable`), what
+            :func:`metarl.load_objective` returns for each slot; ``None``: each slot is
+            its loss bound to the meta-parameters.
     """
 
     name: str
@@ -138,6 +149,7 @@ class RegisteredObjective:
     baselines: tuple[str, ...] = ()
     plot: RunFigures | None = None
     tunables: tuple[Tunable, ...] = ()
+    portable: Portable | None = None
 
     @property
     def description(self) -> str:
@@ -196,6 +208,7 @@ def register_objective(
     baselines: tuple[str, ...] = (),
     plot: RunFigures | None = None,
     tunables: tuple[Tunable, ...] = (),
+    portable: Portable | None = None,
 ) -> Callable[[ObjectiveFactory], ObjectiveFactory]:
     """Decorator registering ``factory(**options) -> Objective`` under ``name``.
 
@@ -208,6 +221,8 @@ def register_objective(
         plot: how a run of it is drawn (:data:`RunFigures`).
         tunables: the knobs and grids a tuned evaluation searches (:class:`Tunable`);
             an option knob must be an argument of the factory.
+        portable: ``(meta_params, options) -> {slot: function}``, the objective's
+            meta-parameters as plain functions of their inputs (:data:`Portable`).
 
     Registering a different factory under a taken name is an error; re-registering the same
     function (e.g. when its module is reloaded) replaces the old entry.
@@ -238,7 +253,7 @@ def register_objective(
             )
         _REGISTRY[name] = RegisteredObjective(
             name, factory, slots, None if algorithms is None else tuple(algorithms),
-            tuple(baselines), plot, tunables,
+            tuple(baselines), plot, tunables, portable,
         )
         return factory
 
@@ -270,12 +285,21 @@ def _checked_tunables(name: str, slots: tuple[str, ...], tunables) -> tuple[Tuna
 
 
 def available_objectives() -> list[str]:
-    """Sorted names of all registered objectives."""
+    """Sorted names of all registered objectives, those of installed plugins included
+    (:func:`metarl.objectives.sources.load_entry_points`)."""
+    from metarl.objectives.sources import load_entry_points
+
+    load_entry_points()
     return sorted(_REGISTRY)
 
 
 def get_objective(name: str) -> RegisteredObjective:
-    """The declaration registered as ``name``; the error lists the registered names."""
+    """The declaration registered as ``name`` (installed plugins are loaded the first time
+    a name is not found); the error lists the registered names."""
+    if name not in _REGISTRY:
+        from metarl.objectives.sources import load_entry_points
+
+        load_entry_points()
     if name not in _REGISTRY:
         raise ValueError(
             f"unknown objective {name!r}; available objectives: "

@@ -18,7 +18,8 @@ Meta-parameters: ``{"policy": {"layers": [{"w": [16, h1]}, ..., {"w": [hL, 1]}]}
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -88,8 +89,21 @@ def _figures(request) -> dict:
     return drift_figures(request, drift_fn, reference_drifts)
 
 
+def _portable(meta_params: dict, options: Mapping[str, Any]) -> dict:
+    """The learned drift as a plain function ``drift(ratio, advantage, progress, *,
+    clip_eps=0.2)`` (broadcasting ``[...]`` inputs; ``progress`` is ``n / N`` in
+    ``[0, 1)``; ``clip_eps`` matters only with ``ppo_init``)."""
+    policy_params, ppo_init = meta_params["policy"], bool(options.get("ppo_init", False))
+
+    def learned(ratio: jax.Array, advantage: jax.Array, progress: jax.Array, *,
+                clip_eps: float = 0.2) -> jax.Array:
+        return drift(policy_params, ratio, advantage, clip_eps, progress, ppo_init=ppo_init)
+
+    return {"policy": learned}
+
+
 @register_objective("ta_lpo", slots=("policy",), algorithms=("ppo", "recurrent_ppo"),
-                     baselines=("ppo", "dpo"), plot=_figures)
+                     baselines=("ppo", "dpo"), plot=_figures, portable=_portable)
 def make_ta_lpo(
     hidden_sizes: Sequence[int] = DEFAULT_HIDDEN_SIZES, ppo_init: bool = False,
     zero_init: bool = False,

@@ -234,8 +234,20 @@ def _figures(request) -> dict:
     return {"value_distance": fig}
 
 
+def _portable(meta_params: dict, options: Mapping[str, Any]) -> dict:
+    """The learned distance as a plain function ``d(x)`` of errors ``x = value - target``
+    (``[...] -> [...]``, elementwise; the overall scale included with ``learn_scale``)."""
+    form = options.get("form", DEFAULT_FORM)
+    value_params = meta_params["value"]
+
+    def distance(x: jax.Array) -> jax.Array:
+        return value_distance(value_params, x, form)
+
+    return {"value": distance}
+
+
 @register_objective("value_distance", slots=("value",), baselines=("ppo", "l2", "huber"),
-                    plot=_figures)
+                    plot=_figures, portable=_portable)
 def make_value_distance(
     hidden_sizes: Sequence[int] = DEFAULT_HIDDEN_SIZES, form: str = "scaled_l2",
     learn_scale: bool = False,

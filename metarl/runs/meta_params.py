@@ -37,15 +37,29 @@ def load_meta_params(path: str | Path, template=None):
     """Read meta-parameters written by :func:`save_meta_params`.
 
     With a ``template`` (e.g. ``objective.init(key)``) the result has its exact structure;
-    without one, lists come back as dicts keyed ``"0"``, ``"1"``, ...
+    without one, the lists the file holds come back as lists: msgpack stores them as dicts
+    keyed ``"0"``, ..., ``"n-1"``, and every dict keyed exactly so is read as a list.
     """
     path = Path(path)
     if not path.is_file():
         raise RunError(f"no meta-parameters file at {path}")
     raw = serialization.msgpack_restore(path.read_bytes())
     if template is None:
-        return raw
+        return lists_restored(raw)
     return serialization.from_state_dict(template, raw)
+
+
+def lists_restored(tree: Any) -> Any:
+    """``tree`` with every dict whose keys are exactly ``"0"``, ..., ``"n-1"`` (``n >= 1``)
+    turned into the list of its values in that order, at any depth."""
+    if isinstance(tree, dict):
+        children = {key: lists_restored(value) for key, value in tree.items()}
+        if children and set(children) == {str(index) for index in range(len(children))}:
+            return [children[str(index)] for index in range(len(children))]
+        return children
+    if isinstance(tree, list | tuple):
+        return type(tree)(lists_restored(value) for value in tree)
+    return tree
 
 
 def read_meta_params(path: str | Path, template: Any) -> Any:
