@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import json
 import math
 import time
 import tomllib
@@ -26,6 +25,7 @@ import numpy as np
 
 from inner_loops.population import stack_hyperparams
 from metarl.config import ConfigError
+from metarl.curves import compact_curves, record_text
 from metarl.evolve.config import ExperimentConfig
 from metarl.evolve.fitness import run_is_valid, run_return
 from metarl.evolve.generation import build_learner
@@ -117,7 +117,11 @@ class SweepResult:
         mean, ci_low, ci_high: mean over valid seeds and its 95% bootstrap interval
             (:func:`metarl.stats.aggregate`).
         invalid: seeds whose training produced NaN or inf.
-        curves: ``[S, U]`` episode return after every update (None before the first).
+        curves: ``[S, K]`` episode return at the updates ``curve_updates`` (None before
+            the first finished episode), compacted by :func:`metarl.curves.compact_curves`
+            after ``returns`` were computed from the full curves.
+        curve_updates: ``[K]`` 1-based update number of each point of ``curves`` (sweeps
+            saved before curves were compacted have none: their points are ``1..U``).
     """
 
     setting: dict[str, float]
@@ -127,6 +131,7 @@ class SweepResult:
     ci_high: float
     invalid: int
     curves: list[list[float | None]]
+    curve_updates: list[int] | None = None
 
 
 def run_sweep(config: ExperimentConfig, grid: list[GridAxis], seeds: int,
@@ -218,7 +223,7 @@ def summarise_sweep(settings: list[dict[str, float]], seeds: int,
             returns=[float(r) for r in scores],
             mean=float(np.mean(scores[ok])) if ok.any() else math.nan,
             ci_low=low, ci_high=high, invalid=int((~ok).sum()),
-            curves=[[None if np.isnan(v) else float(v) for v in row] for row in curves[rows]],
+            **compact_curves(curves[rows]),
         ))
     return results
 
@@ -242,18 +247,15 @@ def save_sweep(report: dict[str, Any], out_dir: str | Path, plots: bool = True) 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     written = [out / SWEEP_FILE, out / "sweep.txt"]
-    _write_atomically(written[0], json.dumps(report, indent=1))
+    _write_atomically(written[0], record_text(report))
     _write_atomically(written[1], format_sweep(report) + "\n")
     if plots:
         from metarl.figures.records import plot_sweep_curves, plot_sweep_heatmap
+        from metarl.figures.style import save_png
 
-        fig = plot_sweep_curves(report)
-        fig.savefig(out / "learning_curves.png", dpi=110)
-        written.append(out / "learning_curves.png")
+        written.append(save_png(plot_sweep_curves(report), out / "learning_curves.png"))
         if len(report["grid"]) == 2:
-            fig = plot_sweep_heatmap(report)
-            fig.savefig(out / "heatmap.png", dpi=110)
-            written.append(out / "heatmap.png")
+            written.append(save_png(plot_sweep_heatmap(report), out / "heatmap.png"))
     return written
 
 

@@ -583,6 +583,8 @@ def save_comparison(comparison: Comparison, out_dir: str | Path,
     and the figures of :func:`plot_comparison` to ``out_dir`` (``pooled``:
     :func:`pooled_verdicts`, ``between``: :func:`between_runs`; each computed when not
     given)."""
+    from metarl.figures.style import save_png
+
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     pooled = pooled_verdicts(comparison) if pooled is None else pooled
@@ -592,6 +594,5 @@ def save_comparison(comparison: Comparison, out_dir: str | Path,
         json.dumps(comparison_data(comparison, pooled, between), indent=1) + "\n")
     written = [out / "comparison.txt", out / "comparison.json"]
     for stem, figure in plot_comparison(comparison, pooled).items():
-        figure.savefig(out / f"{stem}.png", dpi=110)
-        written.append(out / f"{stem}.png")
+        written.append(save_png(figure, out / f"{stem}.png"))
     return written

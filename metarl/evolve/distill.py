@@ -536,8 +536,9 @@ def _short(text: str, limit: int = 90) -> str:
 
 
 def _save(fig, path: Path) -> Path:
-    fig.savefig(path, dpi=110)
-    return path
+    from metarl.figures.style import save_png
+
+    return save_png(fig, path)
 
 
 def distilled_objective(run_dir: str | Path, number: int, candidate: str = "mean"

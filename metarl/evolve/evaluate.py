@@ -8,8 +8,9 @@ evolution used), on the run's training tasks (``[[inner]]``) and its held-out ta
 task of the run shares it). Per environment, each objective's interquartile mean, median
 and mean get 95% bootstrap intervals, and the evolved objective is judged against each
 baseline by the probability of improvement (paired: every objective trains on the same
-keys) and the rule of :func:`metarl.stats.verdict`. The full learning curves are kept so
-they can be plotted against the baselines.
+keys) and the rule of :func:`metarl.stats.verdict`, all from the full learning curves; the
+record keeps them compacted (:func:`metarl.curves.compact_curves`: at most 80 updates,
+5 significant digits) to be plotted against the baselines.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import numpy as np
 from inner_loops.population import broadcast_to_population
 from inner_loops.registry import algorithm_of
 from metarl.config import ConfigError, inner_to_dict
+from metarl.curves import CURVE_UPDATES, compact_curves
 from metarl.evolve import tuning
 from metarl.evolve.config import ExperimentConfig, FitnessConfig, config_from_dict
 from metarl.evolve.distill import distilled_objective
@@ -77,10 +79,13 @@ class ObjectiveResult:
         mean, ci_low, ci_high: mean over valid seeds and its 95% bootstrap interval
             (:func:`metarl.stats.aggregate`).
         invalid: seeds whose training produced NaN or inf.
-        curves: ``[S, U]`` episode return after every update.
+        curves: ``[S, K]`` episode return at the updates ``curve_updates`` (None before the
+            first finished episode), compacted by :func:`metarl.curves.compact_curves`.
         steps_per_update: environment steps one agent takes per update (the curves' x unit).
         valid: ``[S]`` whether each seed's training stayed finite (records written before
             this field have none: a seed is then valid when its return is finite).
+        curve_updates: ``[K]`` 1-based update number of each point of ``curves`` (records
+            written before curves were compacted have none: their points are ``1..U``).
     """
 
     objective: str
@@ -93,6 +98,7 @@ class ObjectiveResult:
     curves: list[list[float]]
     steps_per_update: int | None = None
     valid: list[bool] | None = None
+    curve_updates: list[int] | None = None
 
 
 def evaluate_objective(objective, meta_params, inner, fitness: FitnessConfig,
@@ -114,7 +120,7 @@ def evaluate_objective(objective, meta_params, inner, fitness: FitnessConfig,
     returns = np.asarray(run_return(metrics, fitness))
     valid = np.asarray(run_is_valid(metrics, returns))
     mean = aggregate(returns[valid], "mean")
-    curves = np.asarray(metrics["episode_return"], np.float64)
+    compact = compact_curves(np.asarray(metrics["episode_return"], np.float64))
     return ObjectiveResult(
         objective=name,
         env_id=inner.env_id if label is None else label,
@@ -123,9 +129,10 @@ def evaluate_objective(objective, meta_params, inner, fitness: FitnessConfig,
         ci_low=mean.low,
         ci_high=mean.high,
         invalid=int((~valid).sum()),
-        curves=[[None if np.isnan(v) else float(v) for v in row] for row in curves],
+        curves=compact["curves"],
         steps_per_update=learner.steps_per_update,
         valid=[bool(v) for v in valid],
+        curve_updates=compact[CURVE_UPDATES],
     )
 
 
@@ -604,6 +611,7 @@ def save_across_figure(run_dir: str | Path, report: Mapping[str, Any], run_name:
     """Draw ``report``'s ``across`` section (:func:`metarl.figures.records.plot_across`)
     into :func:`across_figure_path` and return the path."""
     from metarl.figures.records import plot_across
+    from metarl.figures.style import save_png
 
     path = across_figure_path(run_dir, report["id"])
     path.parent.mkdir(exist_ok=True)
@@ -611,8 +619,7 @@ def save_across_figure(run_dir: str | Path, report: Mapping[str, Any], run_name:
     fig = plot_across(section, title=f"{run_name}: held-out {section['metric']} across "
                                      f"{section['knob']}\n(evaluation {report['id']}, "
                                      f"{section['seeds']} seeds per value)")
-    fig.savefig(path, dpi=110)
-    return path
+    return save_png(fig, path)
 
 
 def _not_reported(objective_name: str, baselines: list[str], inner) -> dict[str, str]:

@@ -27,6 +27,7 @@ import jax
 from metarl.evolve.config import config_from_dict
 from metarl.evolve.evaluate import save_across_figure
 from metarl.figures.records import plot_fitness, plot_learning_curves, plot_truncated_fitness
+from metarl.figures.style import save_png
 from metarl.objectives import get_objective
 from metarl.objectives.registry import RunFigureRequest
 from metarl.runs.engine import read_config
@@ -100,5 +101,4 @@ def plot_run(run_dir: str | Path) -> list[Path]:
 
 
 def _save(fig, path: Path) -> Path:
-    fig.savefig(path, dpi=110)
-    return path
+    return save_png(fig, path)

@@ -350,7 +350,8 @@ def tune_objective(plan: TuningPlan, objective, inner, fitness, seeds: int, tune
     return {
         **record,
         "settings": [{**{key: value for key, value in dataclasses.asdict(result).items()
-                         if key != "curves"}, "iqm": _score(result, "iqm")}
+                         if key not in ("curves", "curve_updates")},
+                      "iqm": _score(result, "iqm")}
                      for result in results],
         "chosen": dict(settings[index]),
         "chosen_index": index,

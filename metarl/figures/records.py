@@ -194,7 +194,7 @@ def plot_learning_curves(
             if curves.ndim != 2 or curves.size == 0:
                 continue
             mean, low, high = mean_ci(curves)
-            x = np.arange(1, curves.shape[1] + 1, dtype=np.float64)
+            x = _curve_updates(result, curves)
             if scale:
                 x = x * scale
             objective = result["objective"]
@@ -217,6 +217,19 @@ def plot_learning_curves(
     return fig
 
 
+def _curve_updates(result: Mapping[str, Any], curves: np.ndarray) -> np.ndarray:
+    """``[K]`` update number of each point of ``curves [S, K]``: the result's
+    ``curve_updates`` where its curves were kept at some updates only
+    (:func:`metarl.curves.compact_curves`), else ``1..K`` (a record with every update)."""
+    kept = result.get("curve_updates")
+    if kept is None:
+        return np.arange(1, curves.shape[1] + 1, dtype=np.float64)
+    if len(kept) != curves.shape[1]:
+        raise ValueError(f"curve_updates: {len(kept)} update numbers for curves of "
+                         f"{curves.shape[1]} points")
+    return np.asarray(kept, np.float64)
+
+
 def _setting_label(setting: Mapping[str, float]) -> str:
     return ", ".join(f"{name} {value:g}" for name, value in setting.items())
 
@@ -235,7 +248,7 @@ def plot_sweep_curves(report: Mapping[str, Any], title: str | None = None) -> Fi
     for colour, result in zip(colours, results, strict=True):
         curves = as_float_array(result["curves"])
         mean, low, high = mean_ci(curves)
-        x = np.arange(1, curves.shape[1] + 1, dtype=np.float64) * (scale or 1)
+        x = _curve_updates(result, curves) * (scale or 1)
         ax.plot(x, mean, color=colour, lw=1.8,
                 label=f"{_setting_label(result['setting'])}: {result['mean']:.4g}")
         ax.fill_between(x, low, high, color=colour, alpha=0.12)

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from metarl.curves import record_text
 from metarl.runs.layout import (
     EVALUATIONS_DIR,
     atomic_write,
@@ -89,7 +90,7 @@ def save_record(run_dir: str | Path, report: dict[str, Any],
     """Write ``report`` as ``evaluations/<n>.json`` under the next free ``n`` (or over the
     file ``replace``) and return its path. Two evaluations saved at once get two numbers."""
     run_dir = Path(run_dir)
-    data = (json.dumps(report, indent=1) + "\n").encode()
+    data = record_text(report).encode()
     if replace is not None:
         atomic_write(Path(replace), data, run_dir)
         return Path(replace)
