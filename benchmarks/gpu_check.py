@@ -42,7 +42,7 @@ estimated need, and is given at most what is left; a part skipped for time says 
 tiny sizes on a CPU.
 
     python benchmarks/gpu_check.py --out $OUT --wheels .cache/wheels/cp312/part1 \\
-        .cache/wheels/cp312/part2 --install --purejaxrl .cache/purejaxrl
+        .cache/wheels/cp312/part2 .cache/wheels/cp312/part3 --install --purejaxrl .cache/purejaxrl
     python benchmarks/gpu_check.py --smoke --out /tmp/check --purejaxrl .cache/purejaxrl
 """
 
