@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 from _subprocess_env import env_without_device_count, jax_cache_env
+from _tiny_evolution import GENERATIONS, TINY
 
 from metarl.config import ConfigError
 from metarl.evolve.config import ObjectiveConfig
@@ -77,30 +78,13 @@ USER_MODULE = textwrap.dedent(f'''
         return Objective(value=LossTerm({OBJECTIVE!r}, init, loss))
 ''')
 
-EXPERIMENT = """
-name = "user"
-[objective]
-name = "{name}"
-module = "{module}"
-options = {{ hidden_sizes = [8] }}
-[inner]
-env_id = "CartPole-v1"
-num_envs = 4
-num_steps = 32
-total_timesteps = 4096
-hidden_sizes = [16]
-update_epochs = 2
-num_minibatches = 2
-[es]
-population_size = 4
-generations = 2
-sigma = 0.05
-[fitness]
-seeds_per_candidate = 2
-[run]
-checkpoint_every = 1
-progress = false
-"""
+def experiment_text(name: str, module: str) -> str:
+    """The run-directory tests' tiny experiment with the objective ``name`` of ``module``,
+    for two generations."""
+    objective = 'name = "value_distance"'
+    assert objective in TINY and f"generations = {GENERATIONS}" in TINY
+    return (TINY.replace(objective, f'name = "{name}"\nmodule = "{module}"')
+            .replace(f"generations = {GENERATIONS}", "generations = 2"))
 
 
 def metarl(*args, pythonpath: Path | None = None, timeout: float = 400
@@ -126,7 +110,7 @@ def one_line_error(done: subprocess.CompletedProcess) -> str:
 
 def write_experiment(folder: Path, module: str, name: str = OBJECTIVE) -> Path:
     path = folder / "experiment.toml"
-    path.write_text(EXPERIMENT.format(name=name, module=module))
+    path.write_text(experiment_text(name, module))
     return path
 
 
