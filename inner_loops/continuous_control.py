@@ -68,7 +68,7 @@ class ContinuousControlConfig(off_policy.UpdateSchedule):
     after 1000 steps of uniformly random actions; networks of 64-64 ReLU units; Adam at
     1e-3 (the Zoo's Pendulum rate). Public MuJoCo settings (fastpbrl: 256-256 units,
     batch 256, learning rates 3e-4) are for experiment files and accelerators. Their
-    returns are measured by ``benchmarks/default_configs_learn.py``
+    returns are measured by ``benchmarks/studies/default_configs_learn.py``
     (``docs/results/default_configs_learn.json``).
 
     Building a config checks every field but builds no environment; checks that need the

@@ -59,7 +59,7 @@ class DQNConfig(off_policy.UpdateSchedule):
     steps on batches of 64 against a target network copied once per update (hard update),
     with epsilon decaying over the first 16% of the budget (close to the RL Baselines3
     Zoo's CartPole settings), the L2 TD loss and a learning rate decaying to zero.
-    ``benchmarks/default_configs_learn.py`` measures them (8 seeds: median greedy return
+    ``benchmarks/studies/default_configs_learn.py`` measures them (8 seeds: median greedy return
     500, IQM 494; ``docs/results/default_configs_learn.json``). Measured earlier over eight
     sets of 8 seeds (``PRNGKey(0..7)``, 10 greedy episodes per
     agent), the median was 500 in every set and 59 of the 64 agents returned at least

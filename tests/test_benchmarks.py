@@ -3,6 +3,7 @@
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +12,7 @@ import numpy as np
 from _subprocess_env import env_without_device_count, jax_cache_env
 
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+STUDIES = BENCHMARKS / "studies"  # the one-off studies behind single records
 
 
 def test_throughput_benchmark_reports_best_and_median_per_device_count():
@@ -34,10 +36,10 @@ def test_throughput_benchmark_reports_best_and_median_per_device_count():
     assert math.isclose(one["final_return_mean"], two["final_return_mean"], rel_tol=1e-5)
 
 
-def _load_benchmark(name):
+def _load_benchmark(name, folder=BENCHMARKS):
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
+    spec = importlib.util.spec_from_file_location(name, folder / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -77,7 +79,7 @@ def test_profile_of_a_tiny_population_covers_every_phase():
 def test_offpolicy_update_benchmark_captures_the_real_learn_step():
     # the benchmark times the learn function td3/sac hand to build_learner; if that
     # hand-over changes, the capture must fail here rather than time something else
-    benchmark = _load_benchmark("offpolicy_update")
+    benchmark = _load_benchmark("offpolicy_update", STUDIES)
     for algorithm in ("td3", "sac"):
         learner, learn = benchmark.capture_update(algorithm, 8, "Pendulum-v1", 512)
         assert learner.algorithm == algorithm and callable(learn)
@@ -210,3 +212,17 @@ def test_gpu_experiment_slices_are_valid_and_their_budget_matches_the_recorded_r
         if data.get("kind", "evolve") != "cem_rl":
             assert gpu.budget(gpu._set(data, overrides))[1] == steps["slice"], name
             assert gpu.budget(data)[1] == steps["full_file"], name
+
+
+def test_the_benchmarks_readme_lists_every_script_in_its_section():
+    # benchmarks/README.md is how a newcomer tells maintained benchmarks from studies
+    text = (BENCHMARKS / "README.md").read_text(encoding="utf-8")
+    maintained, studies = text.split("\n## Studies", 1)
+    listed = {folder: set(re.findall(r"^\| `(\w+\.py)` \|", section, re.MULTILINE))
+              for folder, section in ((BENCHMARKS, maintained), (STUDIES, studies))}
+    for folder, names in listed.items():
+        scripts = {path.name for path in folder.glob("*.py") if not path.name.startswith("_")}
+        assert names == scripts, folder
+    # lower case only: `benchmarks/NAME.py` in the introduction is a placeholder
+    for path in re.findall(r"python3? (benchmarks/[a-z_/]+\.py)", text):
+        assert (BENCHMARKS.parent / path).is_file(), path

@@ -3,7 +3,7 @@
 - Learning: a small config (3e4 environment steps, 64-64 units) on CartPole-v1, 4 seeds in
   one ``jit(vmap)``, greedy evaluation episodes at the end: median return >= 150, every seed
   above 2.5 times a random policy's. (What the default config reaches:
-  ``benchmarks/default_configs_learn.py``.)
+  ``benchmarks/studies/default_configs_learn.py``.)
 - Probes: on every discrete probe environment the learned Q-values come out within a
   tolerance of the exact ones (including bootstrapping through a time limit).
 - The contract: ``train`` equals ``init`` + ``advance`` in segments bit for bit; a vmapped
@@ -63,7 +63,7 @@ def quick_jit(fn, **kwargs):
 # ------------------------------------------------------------------------- learning
 
 LEARNING_SEEDS = 4
-# Smaller than the default config (which benchmarks/default_configs_learn.py measures): 3e4
+# Smaller than the default config (which benchmarks/studies/default_configs_learn.py measures): 3e4
 # steps, 64-64 units, 64 gradient steps per update of 256 steps. Over 20 seeds
 # (PRNGKey(0..4), 4 each) every greedy return was between 158 and 445, medians of 4 between
 # 208 and 333; with 32-32 units one seed of 4 ended at 44.

@@ -5,7 +5,7 @@ share, :mod:`inner_loops.continuous_control`).
   Pendulum-v1, 4 seeds one after another in one ``jit``, deterministic evaluation episodes
   at the end: median above -600, best above -200; a small SAC agent on a brax environment
   beats a random policy. (What the default configs reach:
-  ``benchmarks/default_configs_learn.py``.)
+  ``benchmarks/studies/default_configs_learn.py``.)
 - Probes: on continuous probe environments the learned Q-values come out within a tolerance
   of the exact ones (including bootstrapping through a time limit, and not through a
   termination), and the actor finds the best action.
@@ -72,7 +72,7 @@ def assert_trees_equal(a, b, exact=True):
 # ------------------------------------------------------------------------- learning
 
 LEARNING_SEEDS = 4
-# Smaller than the defaults (which benchmarks/default_configs_learn.py measures): half the
+# Smaller than the defaults (which benchmarks/studies/default_configs_learn.py measures): half the
 # steps, batches of 64, 32-32 networks. Over 20 seeds (PRNGKey(0..4), 4 each, as this
 # run trains them) the medians of 4 were between -170 and -146 (TD3) and -176 and -142
 # (SAC), the best of 4 always above -151. Every SAC agent ended between -213 and -132; 17

@@ -25,9 +25,9 @@ Compile times are reported apart. For every population the modes run interleaved
 ``--repeats`` rounds, so load from other work on a shared machine hits all alike; best and
 median are reported, by wall clock and by the process's CPU time.
 
-    python benchmarks/offpolicy_update.py                        # td3 and sac, 1 4 16 64
-    python benchmarks/offpolicy_update.py --algorithms sac --populations 16 --sizes 64
-    python benchmarks/offpolicy_update.py --output docs/results/offpolicy_update.json \\
+    python benchmarks/studies/offpolicy_update.py                        # td3 and sac, 1 4 16 64
+    python benchmarks/studies/offpolicy_update.py --algorithms sac --populations 16 --sizes 64
+    python benchmarks/studies/offpolicy_update.py --output docs/results/offpolicy_update.json \\
         --plot docs/results/offpolicy_update.png
 
 Prints one JSON document (and writes it to ``--output`` when given).
@@ -339,5 +339,6 @@ def report(rows, args, devices, complete: bool) -> dict:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    # _per_device.py is in benchmarks/, one folder up
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     main()

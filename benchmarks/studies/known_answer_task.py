@@ -9,7 +9,8 @@ with the paired P(improvement) (:func:`metarl.stats.probability_of_improvement`)
 value-distance task's numbers are at the top level of the report, the drift task's under
 ``"drift_task"``.
 
-    python benchmarks/known_answer_task.py --seeds 64 --out docs/results/known_answer_task.json
+    python benchmarks/studies/known_answer_task.py --seeds 64 \\
+        --out docs/results/known_answer_task.json
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from metarl.evolve.evaluate import DEFAULT_EVAL_SEED, evaluate_objective
 from metarl.objectives import make_objective
 from metarl.stats import probability_of_improvement, verdict
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 from test_known_answers import (  # noqa: E402  (the tests' one definition)
     drift_config,
     known_answer_config,
@@ -91,7 +92,7 @@ def main() -> None:
     drift = drift_task(args.seeds)
     report = {
         "benchmark": "known_answer_task",
-        "command": f"python benchmarks/known_answer_task.py --seeds {args.seeds} "
+        "command": f"python benchmarks/studies/known_answer_task.py --seeds {args.seeds} "
                    f"--out {args.out}",
         "env_id": value.pop("env_id"), "algorithm": value.pop("algorithm"),
         "seeds": args.seeds, "eval_seed": DEFAULT_EVAL_SEED,

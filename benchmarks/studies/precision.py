@@ -15,9 +15,9 @@ Learning is checked on the same runs, seed by seed (every precision trains the s
   action) runs ``eval_episodes`` episodes in the same program (so the timed runs include
   it), and its return is their mean.
 
-    python benchmarks/precision.py                         # PPO, 16 agents, 1 device
-    python benchmarks/precision.py --population 64 --devices 1 2
-    python benchmarks/precision.py --algorithm dqn td3 sac --repeats 2   # 4 agents each
+    python benchmarks/studies/precision.py                         # PPO, 16 agents, 1 device
+    python benchmarks/studies/precision.py --population 64 --devices 1 2
+    python benchmarks/studies/precision.py --algorithm dqn td3 sac --repeats 2   # 4 agents each
 
 Each algorithm and device count runs in a child process whose JAX exposes that many CPU
 devices. There is no untimed warm-up run: every run's seconds are reported, the first
@@ -33,8 +33,11 @@ import json
 import statistics
 import sys
 import time
+from pathlib import Path
 
-from _per_device import CHILD_FLAG, cpu, run_children
+# _per_device.py is in benchmarks/, one folder up
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from _per_device import CHILD_FLAG, cpu, run_children  # noqa: E402
 
 PRECISIONS = ("float32", "bfloat16")
 # algorithm -> (config class, environment, default agents, default steps per agent)

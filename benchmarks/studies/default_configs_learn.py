@@ -16,9 +16,10 @@ percentile method, a fixed resampling seed), a random policy's return for scale,
 compile and run seconds (wall clock and process CPU). The XLA flags are those of the
 environment (none: XLA's defaults).
 
-    python benchmarks/default_configs_learn.py                       # td3, sac and dqn, 8 seeds
-    python benchmarks/default_configs_learn.py --algorithms dqn --seeds 4 --seed 1
-    python benchmarks/default_configs_learn.py --output docs/results/default_configs_learn.json
+    python benchmarks/studies/default_configs_learn.py                   # td3, sac and dqn, 8 seeds
+    python benchmarks/studies/default_configs_learn.py --algorithms dqn --seeds 4 --seed 1
+    python benchmarks/studies/default_configs_learn.py \\
+        --output docs/results/default_configs_learn.json
 
 Prints one JSON document (and writes it to ``--output`` when given), with the command, jax's
 version, the CPU, the date and the load average before and after.
@@ -34,7 +35,8 @@ import shlex
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# _per_device.py is in benchmarks/, one folder up
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 ALGORITHMS = ("td3", "sac", "dqn")
 # A uniformly random policy's mean return: Pendulum-v1 about -1246 (tests/test_ppo.py),
@@ -142,11 +144,11 @@ def main(argv=None) -> None:
                                       for key in ("median", "iqm", "eval_return")}}),
               file=sys.stderr, flush=True)
     import jax
-    from _per_device import cpu  # beside this script
+    from _per_device import cpu
 
     text = json.dumps({
         "benchmark": "default_configs_learn",
-        "command": shlex.join(["python", "benchmarks/default_configs_learn.py", *argv]),
+        "command": shlex.join(["python", "benchmarks/studies/default_configs_learn.py", *argv]),
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "jax": jax.__version__,
         **cpu(),

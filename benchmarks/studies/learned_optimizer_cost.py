@@ -1,6 +1,6 @@
 """What a learned optimiser costs against Adam: a whole PPO train, and the update alone.
 
-Usage: ``nice -n 19 python benchmarks/learned_optimizer_cost.py [--total-timesteps N]
+Usage: ``nice -n 19 python benchmarks/studies/learned_optimizer_cost.py [--total-timesteps N]
 [--repeats R]``. In one process, for Adam and each learned optimiser (at initialisation, so
 every run does the same learning): compile, then time ``jit(train)`` ``R`` times, and time
 the optimiser update alone on PPO's parameter pytree (``jit`` of a ``lax.scan`` of 1000

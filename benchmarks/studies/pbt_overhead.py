@@ -12,8 +12,8 @@ machine noise hits them alike (best and median of ``--repeats``):
 The target is an overhead of at most 5 %. The population is sharded over all CPU devices
 (one per core), as a run would be.
 
-    python benchmarks/pbt_overhead.py                     # PPO, CartPole, 16 members
-    python benchmarks/pbt_overhead.py --population 64 --segments 4
+    python benchmarks/studies/pbt_overhead.py                     # PPO, CartPole, 16 members
+    python benchmarks/studies/pbt_overhead.py --population 64 --segments 4
 
 Prints one JSON document.
 """

@@ -12,7 +12,7 @@ alike, best of several repeats:
 
 Reports each one's seconds and agent-steps, and the ratios to ``full``.
 
-    python benchmarks/rungs.py --population 9 --rungs 3 --eta 3 --total-timesteps 55296
+    python benchmarks/studies/rungs.py --population 9 --rungs 3 --eta 3 --total-timesteps 55296
 
 Prints one JSON document.
 """
@@ -71,7 +71,7 @@ def main() -> None:
     best = {name: min(values) for name, values in seconds.items()}
     print(json.dumps({
         "benchmark": "rungs",
-        "command": "python benchmarks/rungs.py " + " ".join(
+        "command": "python benchmarks/studies/rungs.py " + " ".join(
             f"--{key.replace('_', '-')} {value}" for key, value in vars(args).items()),
         "devices": jax.device_count(),
         "load_average": os.getloadavg(),

@@ -27,7 +27,7 @@ the start is the full run's and it is not worse than the full run. Seconds are t
 own (compilation apart, listed separately), measured in one process per method with the
 generations run back to back.
 
-    python benchmarks/discovery_cost.py --seeds 3 --out docs/results/discovery_cost.json
+    python benchmarks/studies/discovery_cost.py --seeds 3 --out docs/results/discovery_cost.json
 
 An experiment with several ``[[inner]]`` tables (e.g. ``experiments/lpo_cpu.toml``, CartPole
 and Acrobot) is judged on all of them: a held-out unit is one (environment, seed) pair, both
@@ -213,7 +213,7 @@ def main() -> None:
 
     report = {
         "benchmark": "discovery_cost",
-        "command": "python benchmarks/discovery_cost.py " + " ".join(
+        "command": "python benchmarks/studies/discovery_cost.py " + " ".join(
             f"--{key.replace('_', '-')} {value}" for key, value in vars(args).items()
             if value is not None),
         "experiment": base.name, "devices": jax.device_count(),
