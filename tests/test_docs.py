@@ -17,7 +17,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 DOCS = ROOT / "docs"
-MAX_README_LINES = 250
+MAX_README_LINES = 120
 QUICK_START = [
     "pip install -e . && metarl run experiments/value_distance_cartpole.toml",
     'pip install -e ".[dev]" && python3 -m pytest',

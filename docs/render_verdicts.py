@@ -1,0 +1,642 @@
+"""Render the verdict tables of the documentation from the records in ``docs/results``.
+
+Each generated table sits between two markers in a Markdown page::
+
+    <!-- verdicts:NAME begin -->
+    ...
+    <!-- verdicts:NAME end -->
+
+and three declarative lists below say, for each NAME, which page holds it, which records it
+reads and which comparisons it shows: :data:`BLOCKS` (the evidence pages' "Current
+verdicts" of P(improvement) comparisons), :data:`FOUND` (the "what was found" table of
+README.md and docs/index.md) and :data:`SPECIAL` (the tables of paired differences and of
+search cost, whose records have layouts of their own: :data:`DISCOVERY_COST`, :data:`PBT`,
+the CEM-RL and DvD records). ``python docs/render_verdicts.py`` rewrites every block;
+``--check`` rewrites nothing and exits 1 naming each block whose page differs from its
+records (``tests/test_generated_docs.py`` runs it). So a re-evaluation that changes a
+verdict changes the page, or fails the suite until the page is rendered again.
+
+In :data:`BLOCKS` and :data:`FOUND` every cell is P(improvement) of the evolved objective
+over the column's baseline on the row's held-out seeds, its 95% interval and the verdict;
+pooled rows (several evolution or meta-seeds) add how many runs alone gave that verdict. A
+column says whether its baseline was tuned. Each row states its held-out seeds: their count
+per run and the root key they are drawn from (``eval_seed``), and marks the root when the
+record says it was reused (``eval_seed_reused``).
+
+The script lives beside the pages it writes, not in ``metarl``: it reads committed records
+only, imports nothing from the toolkit, and its table layouts are the pages' business.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "docs" / "results"
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One comparison: P(improvement) ``p`` in [``low``, ``high``], its ``verdict``, and
+    ``runs``, the single runs' verdicts where the comparison pools several."""
+
+    p: float
+    low: float
+    high: float
+    verdict: str
+    runs: tuple[str, ...] = ()
+
+    def text(self) -> str:
+        pooled = ""
+        if self.runs:
+            pooled = f" ({sum(v == self.verdict for v in self.runs)} of {len(self.runs)})"
+        return f"{self.p:.2f} [{self.low:.2f}, {self.high:.2f}]: {self.verdict}{pooled}"
+
+
+@dataclass(frozen=True)
+class Source:
+    """A record and how to read it.
+
+    ``kind`` is ``evaluation`` (``RUN/evaluations/N.json`` of one run), ``replicated`` (the
+    same of a run with several evolution seeds, which pools them), ``comparison`` (a
+    ``metarl compare`` ``comparison.json``: pooled over its runs, or ``between_runs``
+    against the run labelled ``against``) or ``engines`` (the engines benchmark's pooled
+    ``cartpole_evaluations.json``, its ``task`` and ``engine``). ``path`` is relative to
+    ``docs/results``."""
+
+    kind: str
+    path: str
+    task: str = ""
+    engine: str = ""
+    against: str = ""
+    against_as: str = "start"
+
+    def load(self) -> dict:
+        return json.loads((RESULTS / self.path).read_text(encoding="utf-8"))
+
+
+@dataclass(frozen=True)
+class Text:
+    """A cell that states a fact of the record (a count, a range) rather than a comparison."""
+
+    value: str
+
+    def text(self) -> str:
+        return self.value
+
+
+def _eval_seeds(record: dict) -> str:
+    reused = " reused" if record.get("eval_seed_reused") else ""
+    return f"{record['seeds']} (root {record['eval_seed']}{reused})"
+
+
+def _name(objective: str) -> tuple[str, bool]:
+    """``"l2 (tuned)"`` -> ``("l2", True)``."""
+    tuned = objective.endswith(" (tuned)")
+    return objective.removesuffix(" (tuned)"), tuned
+
+
+def cells(source: Source, env: str) -> tuple[dict[tuple[str, bool], Cell | Text], str]:
+    """The comparisons ``source`` holds for ``env``, keyed by (baseline, tuned), and the
+    held-out seeds they were judged on, as the table states them."""
+    record = source.load()
+    found: dict[tuple[str, bool], Cell | Text] = {}
+    if source.kind == "evaluation":
+        for c in record["statistics"]["environments"][env]["comparisons"]:
+            if _name(c["evolved"])[0] == "evolved":
+                found[_name(c["baseline"])] = Cell(c["probability_of_improvement"], c["low"],
+                                                   c["high"], c["verdict"])
+        return found, _eval_seeds(record)
+    if source.kind == "replicated":
+        for c in record["pooled"]:
+            if c["env_id"] == env:
+                p = c["probability_of_improvement"]
+                runs = tuple(v for v, n in c["counts"].items() for _ in range(n))
+                found[_name(c["baseline"])] = Cell(p["value"], p["low"], p["high"],
+                                                   c["verdict"], runs)
+        return found, f"{len(record['replicates'])} × {_eval_seeds(record)}"
+    if source.kind == "comparison":
+        runs = record["runs"]
+        if source.against:
+            for c in record["between_runs"]:
+                if c["env_id"] == env and c["second"] == source.against:
+                    tuned = _name(c["objective"])[1]
+                    found[(source.against_as, tuned)] = Cell(c["probability"], c["low"], c["high"],
+                                                   c["outcome"])
+            runs = [r for r in runs if r["label"] in (source.against, runs[0]["label"])][:1]
+        else:
+            for c in record["pooled"]:
+                if c["env_id"] == env and _name(c["evolved"])[0] == "evolved":
+                    p = c["probability"]
+                    per_run = tuple(v for v, n in c["counts"].items() for _ in range(n))
+                    found[_name(c["baseline"])] = Cell(p["value"], p["low"], p["high"],
+                                                       c["outcome"], per_run)
+        seeds = {_eval_seeds(_run_evaluation(run)) for run in runs}
+        count = f"{len(runs)} × " if len(runs) > 1 else ""
+        return found, count + " / ".join(sorted(seeds))
+    if source.kind == "engines":
+        engine = record["tasks"][source.task][source.engine]
+        for c in engine["pooled"]:
+            p = c["pooled_p_improvement"]
+            found[_name(c["baseline"])] = Cell(p["value"], p["low"], p["high"],
+                                               c["pooled_verdict"], tuple(c["verdicts"]))
+        if source.engine == "evolution":  # evolution's objective against the other engine's
+            for c in record["tasks"][source.task]["evolution_vs_metagradient"]:
+                p = c["p_evolution_better"]
+                found[("metagradient", _name(c["row"])[1])] = Cell(p["value"], p["low"],
+                                                                   p["high"], c["verdict"])
+        sizes = {len(run["returns"]["evolved"]) for run in engine["runs"]}
+        return found, (f"{len(engine['runs'])} × {'/'.join(map(str, sorted(sizes)))} "
+                       "(root not in the record)")
+    if source.kind == "known_answers":
+        task = record["tasks"][source.task]
+        summary = task["engines"][source.engine]["summary"]
+        p = summary["pooled_p_improvement"]
+        found[("baseline", False)] = Cell(p["value"], p["low"], p["high"],
+                                          summary["pooled_verdict"], tuple(summary["verdicts"]))
+        runs = len(summary["verdicts"])
+        found[("better_runs", False)] = Text(
+            f"{summary['verdicts'].count('better')} of {runs}"
+            + (f" ({summary['verdicts'].count('worse')} worse)"
+               if "worse" in summary["verdicts"] else ""))
+        found[("reached", False)] = Text(f"{summary['reached_known_answer']} of {runs}")
+        steps = sorted(s for s in summary["agent_steps_to_known_answer"] if s is not None)
+        found[("steps", False)] = Text(
+            "—" if not steps else f"{steps[0]:,}" if steps[0] == steps[-1]
+            else f"{steps[0]:,} to {steps[-1]:,}")
+        return found, f"{runs} × {record['held_out_seeds']} (root {record['eval_seed']})"
+    raise ValueError(f"Source.kind {source.kind!r}: use evaluation, replicated, comparison, "
+                     "known_answers "
+                     "or engines")
+
+
+def _run_evaluation(run: dict) -> dict:
+    """The evaluation record a ``comparison.json`` run row read: its ``evaluation`` number,
+    else the newest one of its run directory."""
+    folder = ROOT / run["run_dir"] / "evaluations"
+    number = run.get("evaluation")
+    if number is None:
+        number = max(int(p.stem) for p in folder.glob("*.json"))
+    return json.loads((folder / f"{number}.json").read_text(encoding="utf-8"))
+
+
+@dataclass(frozen=True)
+class Row:
+    """One table row: ``search`` and ``task`` as the page names them, the ``env`` id the
+    records file the comparisons under, and every source whose comparisons fill its cells
+    (the first source holding a column's comparison fills it)."""
+
+    search: str
+    task: str
+    env: str
+    sources: tuple[Source, ...]
+    note: str = ""
+    against: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class Column:
+    """A column: its ``header`` and the (``baseline``, ``tuned``) comparison it shows."""
+
+    header: str
+    baseline: str
+    tuned: bool
+    plain: bool = False  # a fact of the record, not a comparison: no default/tuned in the header
+
+    def title(self) -> str:
+        return self.header if self.plain else (
+            f"{self.header}, {'tuned' if self.tuned else 'default'}")
+
+
+@dataclass(frozen=True)
+class Block:
+    """A generated table: the ``page`` it sits in, its columns and its rows."""
+
+    page: str
+    columns: tuple[Column, ...]
+    rows: tuple[Row, ...] = ()
+
+
+def _record_link(source: Source, page: str) -> str:
+    """A link from ``page`` to the record of ``source``, named by its last folders."""
+    target = Path(os.path.relpath(RESULTS / source.path, (ROOT / page).parent)).as_posix()
+    parts = source.path.split("/")
+    label = "/".join(parts[-3:] if parts[-2:-1] == ["evaluations"] else parts[-2:])
+    return f"[`{label}`]({target})"
+
+
+def render(block: Block) -> str:
+    """The Markdown table of ``block``."""
+    head = ["search", "task", "held-out seeds (root)",
+            *(c.title() for c in block.columns),
+            "record"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    previous = ""
+    for row in block.rows:
+        loaded = [cells(source, row.env) for source in row.sources]
+        seeds = loaded[0][1]
+        texts = []
+        for column in block.columns:
+            key = (column.baseline, column.tuned)
+            cell = next((found[key] for found, _ in loaded if key in found), None)
+            texts.append(cell.text() if cell else "—")
+        search = row.search if row.search != previous else ""
+        previous = row.search
+        links = ", ".join(dict.fromkeys(_record_link(s, block.page) for s in row.sources))
+        task = row.task + (f" {row.note}" if row.note else "")
+        lines.append("| " + " | ".join([search, task, seeds, *texts, links]) + " |")
+    return "\n".join(lines)
+
+
+def _ev(path: str) -> Source:
+    return Source("evaluation", path)
+
+
+def _pooled(path: str, against: str = "", against_as: str = "start") -> Source:
+    return Source("comparison", path, against=against, against_as=against_as)
+
+
+VD = (Column("L2", "l2", False), Column("L2", "l2", True),
+      Column("Huber", "huber", False), Column("Huber", "huber", True),
+      Column("PPO's clipped L2", "ppo", False), Column("PPO's clipped L2", "ppo", True))
+POLICY = (Column("PPO", "ppo", False), Column("PPO", "ppo", True),
+          Column("DPO", "dpo", False), Column("DPO", "dpo", True))
+START_TUNED = Column("its start", "start", True)
+MINIGRID = ("Empty-5x5", "Empty-8x8", "EmptyRandom-5x5", "EmptyRandom-8x8", "Empty-6x6",
+            "EmptyRandom-6x6")
+BLOG = "value_distance_blog_cpu/evaluations/"
+_ENGINES = "engines/cartpole_evaluations.json"
+
+
+def _minigrid(search: str, run: str, start: str = "") -> tuple[Row, ...]:
+    sources = [_ev(f"{run}/evaluations/1.json")]
+    if start:
+        sources.append(_pooled(f"{run}/compare/comparison.json", against=start))
+    return tuple(Row(search, layout + (" (held out)" if "6x6" in layout else ""),
+                     f"xminigrid/MiniGrid-{layout}", tuple(sources)) for layout in MINIGRID)
+
+
+#: Every generated block: its page, its columns and its rows, each row naming its records.
+BLOCKS: dict[str, Block] = {
+    "value_distance": Block("docs/evidence/value-distance.md", VD, (
+        Row("the blog's settings, 1 × 55 generations × 32 × 2, 5e5 steps", "PPO, CartPole-v1",
+            "CartPole-v1", (_ev(BLOG + "1.json"),)),
+        Row("the same, L2 over a wider grid", "PPO, CartPole-v1", "CartPole-v1",
+            (_ev(BLOG + "2.json"),)),
+        Row("3 evolution seeds × 12 generations × 8 × 2, 65,536 steps", "PPO, CartPole-v1",
+            "CartPole-v1", (_pooled("value_distance_seeds/compare_iqm/comparison.json"),)),
+        Row("the same, started from L2's tuned setting, 3 × 30 generations",
+            "PPO, CartPole-v1", "CartPole-v1",
+            (Source("replicated", "value_distance_from_tuned_l2/full/evaluations/1.json"),)),
+        Row("the same in successive-halving rungs, 8 × 2", "PPO, CartPole-v1", "CartPole-v1",
+            (Source("replicated", "value_distance_from_tuned_l2/rungs/evaluations/1.json"),)),
+        Row("the same in rungs, 16 × 4", "PPO, CartPole-v1", "CartPole-v1",
+            (Source("replicated",
+                    "value_distance_from_tuned_l2/rungs_16x4/evaluations/1.json"),)),
+        Row("1 × 12 generations × 8 × 2, 8,192 steps", "TD3, Pendulum-v1", "Pendulum-v1",
+            (_ev("value_distance_td3_pendulum_rerun/evaluations/2.json"),)),
+        Row("the even form, 3 × 12 generations × 8 × 2", "PPO, CartPole-v1", "CartPole-v1",
+            (Source("replicated", "value_distance_even/evaluations/1.json"),)),
+    )),
+    "policy_objectives": Block(
+        "docs/evidence/policy-objectives.md",
+        (*POLICY, Column("TA-LPO", "ta_lpo", False), Column("TA-LPO", "ta_lpo", True)), (
+        Row("LPO, 3 evolution seeds × 20 generations × 8 × 2 × 2 tasks", "CartPole-v1",
+            "CartPole-v1", (_pooled("lpo_cpu_seeds/compare_cartpole_iqm/comparison.json"),)),
+        Row("LPO, 3 evolution seeds × 20 generations × 8 × 2 × 2 tasks", "Acrobot-v1",
+            "Acrobot-v1", (_pooled("lpo_cpu_seeds/compare_acrobot_iqm/comparison.json"),)),
+        *(Row(f"LPO seed {seed} alone", env, env, (_ev(f"{run}/evaluations/{number}.json"),))
+          for seed, run in enumerate(("lpo_cpu", "lpo_cpu_seeds/lpo_s1",
+                                      "lpo_cpu_seeds/lpo_s2"))
+          for env, number in (("CartPole-v1", 9 if seed == 0 else 6),
+                              ("Acrobot-v1", 8 if seed == 0 else 5))),
+        Row("TA-LPO, 1 × 20 × 8 × 2 × 2", "CartPole-v1", "CartPole-v1",
+            (_ev("ta_lpo_cpu/evaluations/6.json"),)),
+        Row("TA-LPO, 1 × 20 × 8 × 2 × 2", "Acrobot-v1", "Acrobot-v1",
+            (_ev("ta_lpo_cpu/evaluations/5.json"),)),
+        Row("LPO seed 0 against TA-LPO", "CartPole-v1", "CartPole-v1",
+            (_pooled("lpo_vs_ta_lpo/comparison.json", "ta_lpo_cpu", "ta_lpo"),)),
+        Row("LPO seed 0 against TA-LPO", "Acrobot-v1", "Acrobot-v1",
+            (_pooled("lpo_vs_ta_lpo_acrobot/comparison.json", "ta_lpo_cpu", "ta_lpo"),)),
+        Row("LPO seed 0 on tasks evolution never saw", "Breakout-MinAtar", "Breakout-MinAtar",
+            (_ev("lpo_cpu/evaluations/4.json"),), "†"),
+        Row("LPO seed 0 on tasks evolution never saw", "Catch-bsuite", "Catch-bsuite",
+            (_ev("lpo_cpu/evaluations/4.json"),), "†"),
+    )),
+    "learned_optimizers": Block(
+        "docs/evidence/learned-optimizers.md",
+        (Column("Adam (PPO)", "ppo", False), Column("Adam (PPO)", "ppo", True)), (
+            Row("`learned_optimizer_cpu.toml`", "CartPole-v1", "CartPole-v1",
+                (_ev("learned_optimizer_cpu/evaluations/1.json"),), "†"),
+            Row("`learned_optimizer_cpu.toml`", "Acrobot-v1", "Acrobot-v1",
+                (_ev("learned_optimizer_cpu/evaluations/3.json"),)),
+            Row("`learned_optimizer_cpu.toml`", "Catch-bsuite (never seen)", "Catch-bsuite",
+                (_ev("learned_optimizer_cpu/evaluations/4.json"),), "†"),
+            Row("`learned_optimizer_cpu.toml`", "Breakout-MinAtar (never seen)",
+                "Breakout-MinAtar", (_ev("learned_optimizer_cpu/evaluations/4.json"),), "†"),
+            *(Row("`learned_optimizer_cpu_minatar.toml`", env, env,
+                  (_ev("learned_optimizer_cpu_minatar/evaluations/1.json"),))
+              for env in ("CartPole-v1", "Acrobot-v1", "Breakout-MinAtar")),
+        )),
+    "task_distributions": Block(
+        "docs/evidence/task-distributions.md",
+        (*POLICY, Column("its start", "start", False), START_TUNED), (
+            *_minigrid("from PPO's clip, lr 3e-3", "task_distribution_minigrid"),
+            *_minigrid("from zero drift, lr 3e-3", "task_distribution_zero_init",
+                       "task_distribution_zero_init_start"),
+            *_minigrid("from zero drift, lr 9e-3", "task_distribution_zero_init_lr9",
+                       "task_distribution_zero_init_lr9_start"),
+        )),
+    "distillation": Block(
+        "docs/evidence/distillation.md",
+        (*(Column(f"P(network > formula {n})", f"distilled {n}", False, plain=True)
+           for n in (1, 2, 4)),
+         Column("P(network > L2), default", "l2", False, plain=True),
+         Column("P(network > PPO), default", "ppo", False, plain=True)),
+        (*(Row(run, "PPO, CartPole-v1", "CartPole-v1",
+               (_ev(f"value_distance_seeds/{run}/evaluations/3.json"),))
+           for run in ("vd_s0", "vd_s1", "vd_s2")),
+         *(Row(run, env, env, (_ev(path),))
+           for run, path in (("lpo_cpu", "lpo_cpu/evaluations/6.json"),
+                             ("lpo_s1", "lpo_cpu_seeds/lpo_s1/evaluations/4.json"),
+                             ("lpo_s2", "lpo_cpu_seeds/lpo_s2/evaluations/4.json"),
+                             ("ta_lpo_cpu", "ta_lpo_cpu/evaluations/4.json"))
+           for env in ("CartPole-v1", "Acrobot-v1")),
+         *(Row("lpo_cpu, never seen", env, env, (_ev("lpo_cpu/evaluations/7.json"),))
+           for env in ("Breakout-MinAtar", "Catch-bsuite")),
+         Row("vd_s0, never seen", "Acrobot-v1", "Acrobot-v1",
+             (_ev("value_distance_seeds/vd_s0/evaluations/4.json"),)))),
+    "engines_known_answers": Block(
+        "docs/evidence/engines.md",
+        (Column("meta-seeds better than the baseline", "better_runs", False, plain=True),
+         Column("pooled P(improvement), baseline untuned", "baseline", False, plain=True),
+         Column("reached the known answer", "reached", False, plain=True),
+         Column("agent-steps to reach it", "steps", False, plain=True)),
+        tuple(Row(name, task, "", (Source("known_answers", "engines/known_answers.json", key,
+                                          engine),))
+              for key, task in (("outliers", "outliers (value distance, against L2)"),
+                                ("drift", "drift (LPO, against PPO's clip)"))
+              for engine, name in (("evolution", "evolution"),
+                                   ("metagradient", "meta-gradients")))),
+    "engines_cartpole": Block(
+        "docs/evidence/engines.md",
+        (Column("its start", "start", False), Column("its start", "start", True),
+         Column("L2", "l2", False), Column("L2", "l2", True), Column("Huber", "huber", True),
+         Column("PPO", "ppo", False), Column("PPO", "ppo", True), Column("DPO", "dpo", True),
+         Column("meta-gradients' objective", "metagradient", False),
+         Column("meta-gradients' objective", "metagradient", True)),
+        tuple(Row(f"{name}, 3 meta-seeds", task, "", (Source("engines", _ENGINES, key, engine),))
+              for key, task in (("cartpole_value", "value distance, CartPole-v1"),
+                                ("cartpole_drift", "drift (LPO), CartPole-v1"))
+              for engine, name in (("evolution", "evolution"),
+                                   ("metagradient", "meta-gradients")))),
+}
+
+#: The front pages' "what was found": each search against the objective it started from,
+#: both tuned (``start``: the search's starting point tuned over the learning rate alone; the
+#: named baseline: tuned over its own grid), in one cell per row.
+_VALUE_START = (("L2", "l2"), ("its start", "start"))
+_FOUND_ROWS = (
+    Row("value distance, the blog's settings (5e5 steps)", "PPO, CartPole-v1", "CartPole-v1",
+        (_ev(BLOG + "1.json"),), against=_VALUE_START),
+    Row("the same, L2 over a wider grid", "PPO, CartPole-v1", "CartPole-v1",
+        (_ev(BLOG + "2.json"),), against=(("L2", "l2"),)),
+    Row("value distance, 3 evolution seeds (65,536 steps)", "PPO, CartPole-v1",
+        "CartPole-v1", (_pooled("value_distance_seeds/compare_iqm/comparison.json"),),
+        against=(("L2", "l2"),)),
+    Row("value distance by evolution, 3 meta-seeds (65,536 steps)", "PPO, CartPole-v1", "",
+        (Source("engines", _ENGINES, "cartpole_value", "evolution"),),
+        against=_VALUE_START),
+    Row("value distance by meta-gradients, 3 meta-seeds", "PPO, CartPole-v1", "",
+        (Source("engines", _ENGINES, "cartpole_value", "metagradient"),),
+        against=_VALUE_START),
+    Row("LPO drift, 3 evolution seeds", "CartPole-v1", "CartPole-v1",
+        (_pooled("lpo_cpu_seeds/compare_cartpole_iqm/comparison.json"),),
+        against=(("PPO", "ppo"),)),
+    Row("LPO drift, 3 evolution seeds", "Acrobot-v1", "Acrobot-v1",
+        (_pooled("lpo_cpu_seeds/compare_acrobot_iqm/comparison.json"),),
+        against=(("PPO", "ppo"),)),
+    Row("LPO drift by evolution, 3 meta-seeds", "CartPole-v1", "",
+        (Source("engines", _ENGINES, "cartpole_drift", "evolution"),),
+        against=(("PPO", "ppo"), ("its start", "start"))),
+    Row("LPO drift by meta-gradients, 3 meta-seeds", "CartPole-v1", "",
+        (Source("engines", _ENGINES, "cartpole_drift", "metagradient"),),
+        against=(("PPO", "ppo"), ("its start", "start"))),
+    Row("learned optimiser", "PPO, CartPole-v1", "CartPole-v1",
+        (_ev("learned_optimizer_cpu_minatar/evaluations/1.json"),),
+        against=(("Adam", "ppo"),)),
+)
+
+
+def render_found(block: Block) -> str:
+    """The front pages' table: each row's search against its start, both tuned."""
+    head = ["search", "task", "held-out seeds (root)",
+            "P(improvement) against its start, both tuned", "record"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for row in block.rows:
+        found, seeds = cells(row.sources[0], row.env)
+        against = "; ".join(f"{label}: {found[(baseline, True)].text()}"
+                            for label, baseline in row.against)
+        links = ", ".join(_record_link(s, block.page) for s in row.sources)
+        lines.append(f"| {row.search} | {row.task} | {seeds} | {against} | {links} |")
+    return "\n".join(lines)
+
+
+FOUND: dict[str, Block] = {
+    "found_readme": Block("README.md", (), _FOUND_ROWS),
+    "found_index": Block("docs/index.md", (), _FOUND_ROWS),
+}
+
+
+def _signed(x: float, thousands: bool) -> str:
+    """``-38912.0`` -> ``"−38.9k"``: differences as the pages write them."""
+    text = f"{x / 1000:+.1f}k" if thousands else f"{x:+.1f}"
+    return "0" if float(text.rstrip("k")) == 0 else text.replace("-", "−")
+
+
+def _difference(stat: dict, lower_is_better: bool = False) -> str:
+    """A paired difference ``{"mean", "ci95": [low, high]}`` with its verdict: better or
+    worse (sooner or later, for a step count) when the interval excludes 0."""
+    low, high = stat["ci95"]
+    good, bad = ("sooner", "later") if lower_is_better else ("better", "worse")
+    if low > 0 or high < 0:
+        verdict = good if (low > 0) != lower_is_better else bad
+    else:
+        verdict = "no difference found"
+    thousands = max(abs(stat["mean"]), abs(low), abs(high)) >= 1000
+    return (f"{_signed(stat['mean'], thousands)} [{_signed(low, thousands)}, "
+            f"{_signed(high, thousands)}]: {verdict}")
+
+
+def _seed_list(seeds: list[int]) -> str:
+    """The seeds a record lists: their count, and the range where they are consecutive."""
+    if seeds == list(range(seeds[0], seeds[0] + len(seeds))):
+        return f"{len(seeds)} ({seeds[0]} to {seeds[-1]})"
+    return f"{len(seeds)} ({', '.join(map(str, seeds))})"
+
+
+def _link(path: str, page: str) -> str:
+    return _record_link(Source("evaluation", path), page)
+
+
+#: discovery cost: (experiment as the page names it, record) per row group
+DISCOVERY_COST = (("value distance, PPO CartPole-v1 (the main job)", "discovery_cost.json"),
+                  ("LPO, PPO CartPole-v1 + Acrobot-v1", "discovery_cost_lpo.json"))
+
+
+def render_discovery_cost(page: str) -> str:
+    """Each cheaper method's first point that reaches the full run's verdict, against the
+    search's start at its default setting and against the full run."""
+    head = ["experiment", "held-out seeds (root)", "full run against its start, untuned",
+            "method", "first point with the full run's verdict (share of `B`)",
+            "there: against the start, untuned", "there: against the full run", "record"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for label, path in DISCOVERY_COST:
+        record = json.loads((RESULTS / path).read_text(encoding="utf-8"))
+        budget = record["full_budget_agent_steps"]
+        full = next(point for point in record["methods"]["open_es"]["points"]
+                    if point["fraction"] == 1.0)["vs_start"]
+        seeds = (f"{record['seeds']} × {record['held_out_seeds']} "
+                 f"(root {record['eval_seed']})")
+        first = True
+        for method, result in record["methods"].items():
+            if method == "open_es":
+                continue
+            at = result.get("reaches_full_verdict_at_fraction")
+            point = next((p for p in result["points"] if p["fraction"] == at), None)
+            cells = ["never", "—", "—"] if point is None else [
+                f"{point['agent_steps_mean'] / budget:.0%}",
+                Cell(**_cell(point["vs_start"])).text(), Cell(**_cell(point["vs_full"])).text()]
+            lines.append("| " + " | ".join([
+                label if first else "", seeds if first else "",
+                (f"{Cell(**_cell(full)).text()} (`B` = {budget / 1e6:.2f}M agent-steps)"
+                 if first else ""),
+                method, *cells, _link(path, page) if first else ""]) + " |")
+            first = False
+    return "\n".join(lines)
+
+
+def _cell(comparison: dict) -> dict:
+    return {"p": comparison["p_improvement"], "low": comparison["low"],
+            "high": comparison["high"], "verdict": comparison["verdict"]}
+
+
+#: PBT: (task as the page names it, record)
+PBT = (("PPO CartPole-v1, 2^18 steps per member (threshold 475)",
+        "pbt_vs_fixed_ppo_cartpole.json"),
+       ("SAC Pendulum-v1, 2e4 steps per member (threshold −200)",
+        "pbt_vs_fixed_sac_pendulum.json"))
+
+
+def render_pbt(page: str) -> str:
+    """PBT's paired difference from the fixed and the tuned fixed population."""
+    head = ["task", "seeds", "baseline", "final best member", "final median member",
+            "median return over training (area)", "steps until the median reaches the threshold",
+            "record"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for label, path in PBT:
+        record = json.loads((RESULTS / path).read_text(encoding="utf-8"))
+        for index, baseline in enumerate(("fixed", "tuned")):
+            stats = record[f"pbt_minus_{baseline}"]
+            lines.append("| " + " | ".join([
+                label if index == 0 else "", _seed_list(record["seeds"]) if index == 0 else "",
+                baseline, _difference(stats["final_best"]), _difference(stats["final_median"]),
+                _difference(stats["auc_median"]),
+                _difference(stats["steps_to_threshold"], lower_is_better=True),
+                _link(path, page) if index == 0 else ""]) + " |")
+    return "\n".join(lines)
+
+
+def render_cem_rl_dvd(page: str) -> str:
+    """CEM-RL against TD3 alone, and DvD's arms against no diversity term."""
+    head = ["method", "task", "seeds", "baseline", "final return", "diversity", "record"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    cem = json.loads((RESULTS / "cem_rl_pendulum.json").read_text(encoding="utf-8"))
+    lines.append("| " + " | ".join([
+        "CEM-RL", f"TD3 {cem['env']}, {cem['environment_steps']:,} steps",
+        _seed_list(cem["seeds"]), "TD3 alone",
+        _difference(cem["final_return"]["cem_rl_minus_td3"]), "—",
+        _link("cem_rl_pendulum.json", page)]) + " |")
+    dvd = json.loads((RESULTS / "dvd_pendulum.json").read_text(encoding="utf-8"))
+    for index, (arm, name) in enumerate((("bandit", "DvD, bandit over weights {0, 0.5}"),
+                                         ("constant", "DvD, constant weight 0.5"))):
+        stats = dvd["arms"][arm]
+        lines.append("| " + " | ".join([
+            name, f"TD3 {dvd['env']}, {dvd['population']} members × "
+                  f"{dvd['steps_per_member']:,} steps" if index == 0 else "",
+            _seed_list(dvd["seeds"]) if index == 0 else "", "no diversity term",
+            f"best member {_difference(stats['best_return']['minus_none'])}; members' mean "
+            f"{_difference(stats['mean_return']['minus_none'])}",
+            _difference(stats["diversity"]["minus_none"]).replace(": better", ": more diverse"),
+            _link("dvd_pendulum.json", page) if index == 0 else ""]) + " |")
+    return "\n".join(lines)
+
+
+#: Blocks with a layout of their own: name -> (page, renderer of the page's table).
+SPECIAL = {
+    "discovery_cost": ("docs/evidence/discovery-cost.md", render_discovery_cost),
+    "pbt": ("docs/evidence/pbt.md", render_pbt),
+    "cem_rl_dvd": ("docs/evidence/cem-rl-dvd.md", render_cem_rl_dvd),
+}
+
+
+def rendered() -> dict[str, tuple[str, str]]:
+    """Every block's name -> (page, its rendered table)."""
+    tables = {name: (block.page, render(block)) for name, block in BLOCKS.items()}
+    tables |= {name: (block.page, render_found(block)) for name, block in FOUND.items()}
+    tables |= {name: (page, draw(page)) for name, (page, draw) in SPECIAL.items()}
+    return tables
+
+
+def _marker(name: str, end: bool) -> str:
+    return f"<!-- verdicts:{name} {'end' if end else 'begin'} -->"
+
+
+def apply(text: str, name: str, table: str) -> str:
+    """``text`` with the block ``name`` replaced by ``table``; a page without both of the
+    block's markers is an error naming them."""
+    pattern = re.compile(re.escape(_marker(name, False)) + r"\n.*?" + re.escape(
+        _marker(name, True)), re.DOTALL)
+    if not pattern.search(text):
+        raise ValueError(f"no {_marker(name, False)} ... {_marker(name, True)} in the page")
+    return pattern.sub(lambda _: f"{_marker(name, False)}\n{table}\n{_marker(name, True)}",
+                       text, count=1)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--check", action="store_true",
+                        help="write nothing; exit 1 if a page differs from its records")
+    args = parser.parse_args(argv)
+    pages: dict[str, str] = {}
+    stale = []
+    for name, (page, table) in rendered().items():
+        text = pages.get(page) or (ROOT / page).read_text(encoding="utf-8")
+        try:
+            new = apply(text, name, table)
+        except ValueError as error:
+            print(f"{page}: {error}", file=sys.stderr)
+            return 2
+        if new != text:
+            stale.append(f"{page}: block {name}")
+        pages[page] = new
+    if args.check:
+        for line in stale:
+            print(f"differs from its records: {line}; run python docs/render_verdicts.py",
+                  file=sys.stderr)
+        return 1 if stale else 0
+    for page, text in pages.items():
+        (ROOT / page).write_text(text, encoding="utf-8")
+    for line in stale:
+        print(f"rewrote {line}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,72 @@
+"""The verdict tables of README.md, docs/index.md and the evidence pages are what
+``docs/render_verdicts.py`` renders from the records in docs/results: a re-evaluation that
+changes a verdict must change the page (run the script) or this test fails. The renderer is
+also run on planted inputs, so that a check which finds nothing is not mistaken for clean
+pages."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "docs" / "render_verdicts.py"
+
+
+@pytest.fixture(scope="module")
+def render():
+    spec = importlib.util.spec_from_file_location("render_verdicts", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault(spec.name, module)  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_generated_block_matches_its_records():
+    result = subprocess.run([sys.executable, str(SCRIPT), "--check"], cwd=ROOT,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+
+
+def test_a_cell_reads_the_record_and_a_changed_page_is_caught(render):
+    # the blog-sized search against tuned L2, by hand from its record: 0.765625 [0.65625,
+    # 0.859375], better, on 64 held-out seeds drawn from root 10007
+    found, seeds = render.cells(
+        render.Source("evaluation", "value_distance_blog_cpu/evaluations/1.json"),
+        "CartPole-v1")
+    assert found[("l2", True)].text() == "0.77 [0.66, 0.86]: better"
+    assert found[("l2", False)].text() == "1.00 [1.00, 1.00]: better"
+    assert seeds == "64 (root 10007)"
+    # a pooled cell counts the runs that alone gave the pooled verdict
+    found, seeds = render.cells(
+        render.Source("engines", "engines/cartpole_evaluations.json", "cartpole_value",
+                      "evolution"), "")
+    assert found[("ppo", True)].text() == "0.70 [0.63, 0.77]: better (2 of 3)"
+    assert seeds.startswith("3 × 64")
+    # a block whose table differs from the records is rewritten; one without markers is named
+    name, block = "value_distance", render.BLOCKS["value_distance"]
+    stale = f"before\n<!-- verdicts:{name} begin -->\n| old |\n<!-- verdicts:{name} end -->\n"
+    fresh = render.apply(stale, name, render.render(block))
+    assert "| old |" not in fresh and "0.77 [0.66, 0.86]: better" in fresh
+    assert render.apply(fresh, name, render.render(block)) == fresh
+    with pytest.raises(ValueError, match="verdicts:value_distance begin"):
+        render.apply("no markers", name, "table")
+
+
+def test_a_reused_held_out_root_is_marked(render):
+    record = {"seeds": 16, "eval_seed": 10007, "eval_seed_reused": True}
+    assert render._eval_seeds(record) == "16 (root 10007 reused)"
+    assert render._eval_seeds({"seeds": 16, "eval_seed": 7}) == "16 (root 7)"
+
+
+def test_check_fails_on_a_page_that_differs_and_writes_nothing(render, monkeypatch, capsys):
+    page = "docs/evidence/value-distance.md"
+    before = (ROOT / page).read_text(encoding="utf-8")
+    monkeypatch.setattr(render, "rendered", lambda: {"value_distance": (page, "| changed |")})
+    assert render.main(["--check"]) == 1
+    assert "docs/evidence/value-distance.md: block value_distance" in capsys.readouterr().err
+    assert (ROOT / page).read_text(encoding="utf-8") == before
