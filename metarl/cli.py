@@ -159,7 +159,7 @@ EVOLVE_ONLY_OPTIONS = (  # (flag, keyword of evaluate_run, default on the comman
     ("--which", "which", "mean"), ("--total-timesteps", "total_timesteps", None),
     ("--tune", "tune", False), ("--tune-seeds", "tune_seeds", 8),
     ("--tune-seed", "tune_seed", DEFAULT_TUNE_SEED), ("--tune-grid", "tune_grid", []),
-    ("--tune-by", "tune_by", DEFAULT_TUNE_BY),
+    ("--tune-by", "tune_by", DEFAULT_TUNE_BY), ("--tune-rounds", "tune_rounds", 3),
     ("--across", "across", None), ("--distilled", "distilled", []), ("--start", "start", False))
 
 
@@ -167,7 +167,9 @@ def _evaluate(args) -> int:
     from metarl.kinds import EVOLVE, evaluate, evaluate_together, format_evaluation, run_kind
 
     args.run_dirs = _discovery_run_dirs(args)
-    options = {"eval_seed": args.eval_seed, "rerun": args.rerun}
+    options = {"rerun": args.rerun}
+    if args.eval_seed is not None:  # else each kind's own rule (evolution: a fresh root)
+        options["eval_seed"] = args.eval_seed
     given = {flag: (name, getattr(args, name)) for flag, name, default in EVOLVE_ONLY_OPTIONS
              if getattr(args, name) != default}
     kinds = {run_kind(run_dir) for run_dir in args.run_dirs}
@@ -491,7 +493,13 @@ def _add_reading_commands(commands) -> None:
                           help="with a discovery file or zoo entry: the folder to write it "
                                "into as a run directory and evaluate it there (default: "
                                "$XDG_CACHE_HOME/metarl/discoveries/<id>, ~/.cache without it)")
-    evaluate.add_argument("--eval-seed", type=int, default=10_007)
+    evaluate.add_argument("--eval-seed", type=int, default=None,
+                          help="root of the held-out key stream. Evolution runs: by default "
+                               "an identical earlier evaluation's, else a root no earlier "
+                               "evaluation of the run used (held-out seeds are looked at "
+                               "once); give one to reproduce a record: a new evaluation on "
+                               "a root used before is marked as judged on seen seeds. Other "
+                               "kinds: default 10007")
     evaluate.add_argument("--total-timesteps", type=int, default=None,
                           help="override the training budget per agent")
     evaluate.add_argument("--rerun", action="store_true",
@@ -500,8 +508,9 @@ def _add_reading_commands(commands) -> None:
     evaluate.add_argument("--tune", action="store_true",
                           help="first tune every objective over its declared grid on tuning "
                                "seeds (the evolved objective over the shared knobs, with the "
-                               "same budget), then also evaluate each at its chosen setting: "
-                               "rows '<objective> (tuned)'")
+                               "same budget), widening a grid whose choice is at its edge "
+                               "(--tune-rounds), then also evaluate each at its chosen "
+                               "setting: rows '<objective> (tuned)'")
     evaluate.add_argument("--tune-seeds", type=int, default=8,
                           help="tuning seeds per setting (default 8, at least 2)")
     evaluate.add_argument("--tune-seed", type=int, default=DEFAULT_TUNE_SEED,
@@ -511,6 +520,14 @@ def _add_reading_commands(commands) -> None:
                           help="replace a knob's grid for every objective that declares it, "
                                "e.g. --tune-grid vf_coef=0.01,0.1,1 or learning_rate=0.5,1,2 "
                                "(multiples of the run's learning rate); repeatable")
+    evaluate.add_argument("--tune-rounds", type=int, default=3,
+                          help="with --tune: the cap of widening rounds (default 3; 0: the "
+                               "declared grids only). A knob chosen at an edge of its grid is "
+                               "followed one step further (the grid's own ratio, within the "
+                               "knob's valid range) on the tuning seeds and the objective "
+                               "tuned again; then every objective gets as many settings in "
+                               "all as the one with most. A knob still at an edge at the cap "
+                               "is named")
     evaluate.add_argument("--tune-by", default=DEFAULT_TUNE_BY, choices=TUNE_STATISTICS,
                           help="the statistic over the tuning seeds that chooses each "
                                "setting: iqm (default), the interquartile mean, the mean of "

@@ -202,6 +202,14 @@ def test_evaluating_a_parent_judges_every_seed_and_pools_them(joint_run, tmp_pat
     assert evaluate(parent, seeds=2, baselines=["l2"])["reused"] is True
     assert main(["evaluate", str(parent), "--seeds", "2", "--baselines", "l2"]) == 0
     assert "reusing" in capsys.readouterr().out
+    # a new evaluation draws one held-out root for every seed that none of them used
+    root = report["eval_seed"]
+    assert [r["eval_seed"] for r in seed_reports] == [root, root]
+    (parent / "seed_1" / "held_out_roots.json").write_text(json.dumps({"roots": [root + 1]}))
+    fresh = evaluate(parent, seeds=2, baselines=[])
+    assert not fresh["reused"] and fresh["eval_seed"] == root + 2
+    assert [r["eval_seed"] for r in fresh["seed_reports"]] == [root + 2, root + 2]
+    assert not any(r["eval_seed_reused"] for r in fresh["seed_reports"])
     assert main(["compare", str(parent), "--no-plots"]) == 0
     out = capsys.readouterr().out
     assert "seed_0" in out and "seed_1" in out

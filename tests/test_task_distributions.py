@@ -328,7 +328,8 @@ def test_evaluation_covers_the_held_out_task_and_labels_it(task_run):
         (label, "evolved") for label in labels]
     assert list(report["statistics"]["environments"]) == labels
     # the held-out task alone, by its label, against a baseline: the same evolved row
-    alone = evaluate(task_run, seeds=2, baselines=["l2"], env_ids=[HELD_OUT])
+    alone = evaluate(task_run, seeds=2, baselines=["l2"], env_ids=[HELD_OUT],
+                     eval_seed=report["eval_seed"])  # the same held-out seeds, on purpose
     assert [(r["env_id"], r["objective"]) for r in alone["results"]] == [
         (HELD_OUT, "evolved"), (HELD_OUT, "l2")]
     assert alone["results"][0]["returns"] == report["results"][2]["returns"]

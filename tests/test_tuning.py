@@ -50,7 +50,9 @@ from metarl.sweep import SweepResult
 
 # x1e-6 of the run's learning rate: agents that cannot learn, which tuning must not choose
 GRID = {"vf_coef": [0.1, 1.0], "learning_rate": [1e-6, 1.0]}
-OPTIONS = {"seeds": 2, "baselines": ["l2"], "tune": True, "tune_seeds": 2, "tune_grid": GRID}
+# no widening here (tests/test_tuning_widening.py widens): one program per objective
+OPTIONS = {"seeds": 2, "baselines": ["l2"], "tune": True, "tune_seeds": 2, "tune_grid": GRID,
+           "tune_rounds": 0}
 
 
 @pytest.fixture(scope="module")
@@ -127,7 +129,8 @@ def test_left_out_baselines_are_named(tuned, run_dir, capsys):
     assert report["not_reported"] == {"ppo": "left out by baselines=l2",
                                       "huber": "left out by baselines=l2"}
     flags = ["--seeds", "2", "--baselines", "l2", "--tune", "--tune-seeds", "2",
-             "--tune-grid", "vf_coef=0.1,1", "--tune-grid", "learning_rate=1e-6,1"]
+             "--tune-grid", "vf_coef=0.1,1", "--tune-grid", "learning_rate=1e-6,1",
+             "--tune-rounds", "0"]
     assert main(["evaluate", str(run_dir), *flags]) == 0  # the same evaluation: reused
     out = capsys.readouterr().out
     assert "reusing" in out and "l2 (tuned)" in out
@@ -139,7 +142,8 @@ def test_left_out_baselines_are_named(tuned, run_dir, capsys):
 
 def test_the_search_is_judged_against_its_starting_point(tuned, run_dir):
     report, _ = tuned
-    with_start = evaluate_run(run_dir, **OPTIONS, start=True)
+    # on the same held-out seeds as the evaluation without the start, on purpose
+    with_start = evaluate_run(run_dir, **OPTIONS, start=True, eval_seed=report["eval_seed"])
     assert not with_start["reused"] and with_start["spec"]["start"] is True
     rows = {r["objective"]: r for r in with_start["results"]}
     assert list(rows) == ["evolved", "start", "l2", "evolved (tuned)", "start (tuned)",
@@ -191,8 +195,11 @@ def test_the_start_is_where_the_evolution_begins():
 
 def test_an_untuned_evaluation_is_another_record_with_the_same_default_rows(tuned, run_dir):
     report, _ = tuned
-    untuned = evaluate_run(run_dir, seeds=2, baselines=["l2"])
+    # on the tuned record's held-out root on purpose: a new evaluation on seen seeds
+    untuned = evaluate_run(run_dir, seeds=2, baselines=["l2"], eval_seed=report["eval_seed"])
     assert not untuned["reused"] and untuned["id"] != report["id"]
+    assert untuned["eval_seed_reused"] is True
+    assert report["id"] in untuned["eval_seed_earlier_records"]
     assert "tune" not in untuned["spec"] and "tuning" not in untuned
     assert [r["returns"] for r in untuned["results"]] == [
         r["returns"] for r in report["results"][:2]]
@@ -206,7 +213,8 @@ def test_tuning_seeds_are_apart_from_the_held_out_seeds(run_dir):
     held_out = np.asarray(jax.random.split(jax.random.PRNGKey(DEFAULT_EVAL_SEED), 64))
     assert not {tuple(k) for k in tuning} & {tuple(k) for k in held_out}
     with pytest.raises(ConfigError, match="tune_seed: 10007 is the root of eval_seed"):
-        evaluate_run(run_dir, **{**OPTIONS, "tune_seed": DEFAULT_EVAL_SEED})
+        evaluate_run(run_dir, **{**OPTIONS, "tune_seed": DEFAULT_EVAL_SEED,
+                                 "eval_seed": DEFAULT_EVAL_SEED})
     with pytest.raises(ConfigError, match=r"tune_seed: 1 is the root of run.seed \+ 1"):
         evaluate_run(run_dir, **{**OPTIONS, "tune_seed": 1})
 
@@ -224,7 +232,9 @@ def test_tuning_seeds_are_apart_from_the_held_out_seeds(run_dir):
     ({"tune_seeds": 1}, "tune_seeds: need at least 2"),
     ({"tune_by": "median"},
      r"tune_by: got 'median'; allowed: iqm \(interquartile mean\), mean"),
-    ({"tune": False, "tune_by": "mean"}, "tune_seeds, tune_grid, tune_by: only with tune=True"),
+    ({"tune": False, "tune_by": "mean"},
+     "tune_seeds, tune_grid, tune_by, tune_rounds: only with tune=True"),
+    ({"tune_rounds": -1}, "tune_rounds: expected a count of widening rounds"),
 ])
 def test_bad_tuning_options_are_named(run_dir, options, message):
     with pytest.raises(ConfigError, match=message):
@@ -255,7 +265,8 @@ def test_a_record_tuned_before_tune_by_counts_as_chosen_by_the_mean(tuned, run_d
     assert f"(mean {best['settings'][best['chosen_index']]['mean']:.2f};" in text
 
     flags = ["--seeds", "2", "--baselines", "l2", "--tune", "--tune-seeds", "2",
-             "--tune-grid", "vf_coef=0.1,1", "--tune-grid", "learning_rate=1e-6,1"]
+             "--tune-grid", "vf_coef=0.1,1", "--tune-grid", "learning_rate=1e-6,1",
+             "--tune-rounds", "0"]
     assert main(["evaluate", str(run_dir), *flags, "--tune-by", "mean"]) == 0
     assert f"reusing {old}" in capsys.readouterr().out
     with pytest.raises(SystemExit):

@@ -9,7 +9,10 @@ evolution run.
   ``best_meta_params.msgpack``);
 * ``distill.json`` with the card's distilled formulas, where it has some;
 * ``status.json`` saying it came from an exported file (``state = "exported"``, the
-  file's id and card's source).
+  file's id and card's source);
+* ``held_out_roots.json`` with the held-out roots (``eval_seed``) of the evaluations its
+  card's verdicts come from, so that its first evaluation draws other held-out seeds
+  (:func:`metarl.runs.evaluations.used_eval_seeds`).
 
 The folder is named by the discovery's id (the sha256 of its arrays and experiment), so
 evaluating the same discovery again finds the folder and its earlier ``evaluations/``.
@@ -26,6 +29,7 @@ from typing import Any
 from metarl.discoveries import zoo
 from metarl.discoveries.fileformat import read_discovery
 from metarl.evolve.distill import DISTILL_FILE
+from metarl.runs.evaluations import write_used_roots
 from metarl.runs.layout import CONFIG_FILE, STATUS_FILE, RunError, now, read_json, write_json
 from metarl.runs.meta_params import CANDIDATE_FILES, save_meta_params
 
@@ -93,6 +97,11 @@ def materialise(source: str | Path, into: str | Path | None = None) -> tuple[Pat
     if card.get("distilled"):
         write_json(run_dir / DISTILL_FILE, {"candidates": {candidate: card["distilled"]}},
                    run_dir)
+    verdicts = card.get("verdicts") if isinstance(card.get("verdicts"), dict) else {}
+    write_used_roots(run_dir, [c.get("eval_seed") for c in verdicts.get("comparisons") or []
+                               if isinstance(c, dict)],
+                     f"the evaluations of run {card.get('source', {}).get('run_dir')} "
+                     "behind the card's verdicts")
     write_json(run_dir / STATUS_FILE, {
         "kind": "evolve", "state": EXPORTED_STATE, "started": now(), "updated": now(),
         "generation": card.get("generation"), "discovery_id": identity,

@@ -30,7 +30,15 @@ import jax
 import numpy as np
 
 from metarl.evolve.config import config_from_dict
-from metarl.evolve.evaluate import EVOLVED, TUNED, comparison_pairs, held_out_scores, judge
+from metarl.evolve.evaluate import (
+    EVOLVED,
+    SEEN_MARK,
+    SEEN_NOTE,
+    TUNED,
+    comparison_pairs,
+    held_out_scores,
+    judge,
+)
 from metarl.objectives import get_objective
 from metarl.objectives.registry import RunFigureRequest
 from metarl.runs.engine import read_config
@@ -60,11 +68,14 @@ class HeldOut:
         scores: ``[S]`` score of each seed, NaN for a seed whose training diverged.
         record: the path of the evaluation record they come from.
         eval_seed: the seed of its held-out key stream, where the record says it.
+        seen: the record says an earlier evaluation of the run had used that root
+            (``eval_seed_reused``): its verdicts are marked as judged on seen seeds.
     """
 
     scores: tuple[float, ...]
     record: str
     eval_seed: int | None
+    seen: bool = False
 
     def paired_with(self, other: HeldOut) -> bool:
         """Whether both were trained on the same keys: as many seeds, from the same
@@ -150,7 +161,7 @@ def _evaluations(records: Sequence[dict[str, Any]]
             key = (r["env_id"], r["objective"])
             rows[key] = (*key, mean.value, mean.low, mean.high)
             held_out[key] = HeldOut(tuple(float(v) for v in scores), str(report.get("path")),
-                                    eval_seed)
+                                    eval_seed, bool(report.get("eval_seed_reused")))
     return tuple(rows.values()), held_out
 
 
@@ -438,28 +449,41 @@ def format_comparison(comparison: Comparison, pooled: list[PooledVerdict] | None
                  for label, env, objective, mean, low, high in evaluated]
         blocks.append(_table(rows))
     pooled = pooled_verdicts(comparison) if pooled is None else pooled
+    seeds_line = held_out_seeds(comparison)
+    marked = False
     if pooled:
         rows = [("environment", "objective", "vs baseline", *OUTCOMES, "runs",
                  "IQM objective", "IQM baseline", "P(improvement)", "verdict (all runs)")]
-        rows += [(p.env_id, p.evolved, p.baseline, *(str(p.counts[o]) for o in OUTCOMES),
-                  str(p.runs), _estimate(p.evolved_iqm), _estimate(p.baseline_iqm),
-                  _estimate(p.probability), p.outcome) for p in pooled]
+        for p in pooled:
+            mark = SEEN_MARK if _seen(comparison, p.env_id, p.evolved, p.baseline) else ""
+            marked |= bool(mark)
+            rows.append((p.env_id, p.evolved, p.baseline,
+                         *(str(p.counts[o]) for o in OUTCOMES), str(p.runs),
+                         _estimate(p.evolved_iqm), _estimate(p.baseline_iqm),
+                         _estimate(p.probability), p.outcome + mark))
         blocks.append(
             "evolved objective against each baseline: runs judged better / no difference "
             "found / worse (the 95% interval of P(improvement) over the run's held-out seeds "
             "lies wholly above 0.5 / contains it / lies wholly below), and all runs together "
             "(IQM over runs x seeds; P(improvement) over runs x seeds, resampling held-out "
-            "seeds where the runs share them; intervals 95%)\n"
+            "seeds where the runs share them; intervals 95%); " + seeds_line + "\n"
             + _table(rows))
     between = between_runs(comparison) if between is None else between
     if between:
         rows = [("environment", "objective", "run", "vs run", "P(improvement)", "paired",
                  "verdict")]
-        rows += [(v.env_id, v.objective, v.first, v.second,
-                  _estimate(Estimate(v.probability, v.low, v.high)),
-                  "yes" if v.paired else "no", v.outcome) for v in between]
+        for v in between:
+            mark = SEEN_MARK if _seen(comparison, v.env_id, v.objective, v.objective,
+                                      runs=(v.first, v.second)) else ""
+            marked |= bool(mark)
+            rows.append((v.env_id, v.objective, v.first, v.second,
+                         _estimate(Estimate(v.probability, v.low, v.high)),
+                         "yes" if v.paired else "no", v.outcome + mark))
         blocks.append("the runs' evolved objectives against each other (P(improvement) of "
-                      "the run over the other, 95% interval)\n" + _table(rows))
+                      "the run over the other, 95% interval); " + seeds_line + "\n"
+                      + _table(rows))
+    if marked:
+        blocks.append(f"{SEEN_MARK.strip()} {SEEN_NOTE} (a record with eval_seed_reused)")
     if comparison.differing:
         rows = [("setting", *[r.label for r in comparison.runs])]
         rows += [(key, *[json.dumps(v) for v in values])
@@ -468,6 +492,26 @@ def format_comparison(comparison: Comparison, pooled: list[PooledVerdict] | None
     else:
         blocks.append("every setting is the same in all runs")
     return "\n\n".join(blocks)
+
+
+def held_out_seeds(comparison: Comparison) -> str:
+    """How many held-out seeds the compared records used and their roots, in words."""
+    used = sorted({(len(h.scores), h.eval_seed) for run in comparison.runs
+                   for h in run.held_out.values()},
+                  key=lambda pair: (pair[0], -1 if pair[1] is None else pair[1]))
+    if not used:
+        return "no held-out seeds"
+    return "held-out seeds: " + "; ".join(
+        f"{count} from root {'unrecorded' if root is None else root}" for count, root in used)
+
+
+def _seen(comparison: Comparison, env_id: str, evolved: str, baseline: str,
+          runs: Sequence[str] | None = None) -> bool:
+    """Whether any compared record behind a verdict (of ``runs``, default every run) was
+    judged on held-out seeds an earlier evaluation had used."""
+    return any(held.seen for run in comparison.runs if runs is None or run.label in runs
+               for key in ((env_id, evolved), (env_id, baseline))
+               if (held := run.held_out.get(key)) is not None)
 
 
 def _estimate(estimate: Estimate) -> str:

@@ -11,6 +11,18 @@ baseline by the probability of improvement (paired: every objective trains on th
 keys) and the rule of :func:`metarl.stats.verdict`, all from the full learning curves; the
 record keeps them compacted (:func:`metarl.curves.compact_curves`: at most 80 updates,
 5 significant digits) to be plotted against the baselines.
+
+Held-out seeds are used once. By default (``eval_seed=None``) an evaluation whose spec,
+its held-out root aside, equals an earlier record's is that record again; any other
+draws a root that no earlier evaluation of the run used (nor, for the seeds of replicated
+evolution, of its parent or other seeds; nor one listed in ``held_out_roots.json``, see
+:func:`metarl.runs.evaluations.used_eval_seeds`), skipping ``run.seed``, ``run.seed + 1``
+and the tuning seed (:func:`metarl.runs.evaluations.fresh_root`, from
+:data:`DEFAULT_EVAL_SEED` up). Its record names the root (``eval_seed``) and
+``eval_seed_reused: false``. A root asked for on purpose (``eval_seed=``) that an earlier
+evaluation with another spec already used is recorded with ``eval_seed_reused: true`` and
+the ids of those records (``eval_seed_earlier_records``), and every table of its verdicts
+marks them as judged on seen seeds.
 """
 
 from __future__ import annotations
@@ -36,11 +48,22 @@ from metarl.evolve.distill import distilled_objective
 from metarl.evolve.fitness import run_is_valid, run_return
 from metarl.evolve.generation import build_learner, search_start
 from metarl.evolve.metagradient import metagradient_start
-from metarl.evolve.tuning import DEFAULT_TUNE_BY, DEFAULT_TUNE_SEED, DEFAULT_TUNE_SEEDS
+from metarl.evolve.tuning import (
+    DEFAULT_TUNE_BY,
+    DEFAULT_TUNE_ROUNDS,
+    DEFAULT_TUNE_SEED,
+    DEFAULT_TUNE_SEEDS,
+)
 from metarl.objectives import available_objectives, get_objective, make_objective
 from metarl.programs import shared_program
 from metarl.runs.engine import read_config
-from metarl.runs.evaluations import saved_evaluation
+from metarl.runs.evaluations import (
+    find_same,
+    fresh_root,
+    list_records,
+    saved_evaluation,
+    used_eval_seeds,
+)
 from metarl.runs.layout import PLOTS_DIR, RunError, read_metrics
 from metarl.runs.meta_params import CANDIDATE_FILES, load_meta_params
 from metarl.sharding import population_mesh
@@ -56,15 +79,20 @@ from metarl.stats import (
 )
 from metarl.sweep import GridAxis, check_grid, sweep_population, train_sweep
 
-__all__ = ["ObjectiveResult", "across_figure_path", "check_across", "comparison_pairs",
+__all__ = ["SEEN_MARK", "SEEN_NOTE", "ObjectiveResult", "across_figure_path", "check_across",
+           "comparison_pairs",
            "default_baselines", "environment_statistics", "evaluate_across",
            "evaluate_objective", "evaluate_run", "format_across", "format_table",
+           "held_out_seeds_line",
            "held_out_scores", "judge", "save_across_figure", "text_table"]
 DEFAULT_EVAL_SEED = 10_007
 EVOLVED = "evolved"
 START = "start"  # the search's starting point (``start=True``)
 TUNED = " (tuned)"
 ACROSS_STATISTICS = ("iqm", "mean")  # what a point of an evaluation across a knob keeps
+SEEN_MARK = " *"  # after a verdict judged on held-out seeds an earlier evaluation used
+SEEN_NOTE = ("judged on seen seeds: earlier evaluations already used these held-out seeds, "
+             "so this verdict is no fresh test")
 
 
 @dataclass(frozen=True)
@@ -219,14 +247,15 @@ def _fits(objective_name: str, inner) -> bool:
 
 def evaluate_run(run_dir: str | Path, env_ids: list[str] | None = None, seeds: int = 16,
                  baselines: list[str] | None = None, which: str = "mean",
-                 eval_seed: int = DEFAULT_EVAL_SEED, total_timesteps: int | None = None,
+                 eval_seed: int | None = None, total_timesteps: int | None = None,
                  rerun: bool = False, tune: bool = False,
                  tune_seeds: int = DEFAULT_TUNE_SEEDS, tune_seed: int = DEFAULT_TUNE_SEED,
                  tune_grid: Mapping[str, Sequence[float]] | None = None,
                  across: Mapping[str, Sequence[float]] | None = None,
                  distilled: Sequence[int] = (), tune_by: str = DEFAULT_TUNE_BY,
-                 start: bool = False, *,
-                 baseline_cache: dict[str, Any] | None = None) -> dict[str, Any]:
+                 start: bool = False, tune_rounds: int = DEFAULT_TUNE_ROUNDS, *,
+                 baseline_cache: dict[str, Any] | None = None,
+                 avoid_roots_of: Sequence[str | Path] = ()) -> dict[str, Any]:
     """Evaluate a run's evolved objective against baselines; saves ``evaluations/<n>.json``.
 
     Evaluations accumulate (:mod:`metarl.runs.evaluations`): each is saved under the next
@@ -241,11 +270,17 @@ def evaluate_run(run_dir: str | Path, env_ids: list[str] | None = None, seeds: i
     with the reason in ``report["not_reported"]``.
 
     With ``tune`` (:mod:`metarl.evolve.tuning`), every objective is first searched over its
-    grid on ``tune_seeds`` tuning seeds (one program per objective and environment), and is
-    then also trained on the held-out seeds at the setting with the best ``tune_by``
-    statistic there: rows ``"<objective> (tuned)"`` after the rows at the default setting,
-    and ``report["tuning"]`` keeps ``tune_by``, every grid, every setting's tuning scores
-    and the choices.
+    grid on ``tune_seeds`` tuning seeds (one program per objective, environment and
+    round), the grid widened past an edge its choice is at for up to ``tune_rounds``
+    rounds, and every objective then brought to the same number of settings in all
+    (:func:`metarl.evolve.tuning.balance`); each is then also trained on the held-out seeds
+    at the setting with the best ``tune_by`` statistic there: rows ``"<objective>
+    (tuned)"`` after the rows at the default setting, and ``report["tuning"]`` keeps
+    ``tune_by``, the ``budget_rule``, every round's grid, every setting's tuning scores and
+    the choices.
+
+    The held-out root: see the module docstring (``eval_seed=None`` draws a fresh one;
+    ``report["eval_seed"]``, ``report["eval_seed_reused"]``).
 
     With ``across`` (one traced hyperparameter -> values, e.g. ``{"learning_rate":
     [1e-4, 3e-4, 1e-3]}``), every objective is also trained at each value on the same
@@ -274,13 +309,18 @@ def evaluate_run(run_dir: str | Path, env_ids: list[str] | None = None, seeds: i
             declares that fit the run's algorithm, :func:`default_baselines`).
         which: ``"mean"`` (centre of the search distribution) or ``"best"`` (best
             candidate seen) meta-parameters.
-        eval_seed: seed of the held-out key stream (distinct from training seeds).
+        eval_seed: root of the held-out key stream; ``None`` (the default): an identical
+            earlier evaluation's, else a root no earlier evaluation of the run used. Never
+            ``run.seed`` or ``run.seed + 1`` (evolution's and its fitness baselines').
         total_timesteps: override the training budget of every environment.
         rerun: compute an evaluation made before again, replacing its record.
         tune: tune every objective before the held-out comparison.
         tune_seeds: tuning seeds per setting (at least 2).
         tune_seed: root of the tuning key stream; must differ from ``eval_seed``,
             ``run.seed`` and ``run.seed + 1``.
+        tune_rounds: with ``tune``, the cap of widening rounds (0: the declared grids
+            only); a knob still at an edge when it is reached is named in the record
+            (``widening.capped``) and the printed summary.
         tune_grid: knob -> values replacing the declared grid of that knob for every
             objective that declares it (multiples of the run's value for a relative knob
             such as ``learning_rate``).
@@ -310,6 +350,8 @@ def evaluate_run(run_dir: str | Path, env_ids: list[str] | None = None, seeds: i
             under everything it depends on and reused by the next run instead of trained
             again, since it does not depend on the evolved objective. ``None``: nothing
             is kept.
+        avoid_roots_of: other run directories whose evaluations' held-out roots a fresh
+            root also avoids (the other seeds and the parent of replicated evolution).
 
     Returns the report dict that is also saved as JSON.
     """
@@ -359,17 +401,24 @@ def evaluate_run(run_dir: str | Path, env_ids: list[str] | None = None, seeds: i
                     "final_fraction": config.fitness.final_fraction},
     }
     plans = _tuning_plans(tune, tune_seeds, tune_seed, tune_grid, eval_seed, config,
-                          baselines, tasks, tune_by, start)
+                          baselines, tasks, tune_by, start, tune_rounds)
     learned = {EVOLVED: meta_params}
     if start:
         learned[START] = _search_start(objective, config)
     if tune:
         spec["tune"] = {"seeds": tune_seeds, "tune_seed": tune_seed, "by": tune_by,
+                        "rounds": tune_rounds,
                         "grids": {label: {name: plan.grid for name, plan in env.items()}
                                   for label, env in plans.items()}}
     axis = check_across(across, inners, objective)
     if axis is not None:
         spec["across"] = {axis.name: list(axis.values)}
+    eval_seed = _held_out_root(run_dir, spec, eval_seed, config.run.seed, tune_seed,
+                               avoid_roots_of)
+    spec["eval_seed"] = eval_seed
+    same = find_same(run_dir, spec, normalise=spec_with_tune_by)
+    seen_by = [i for i in used_eval_seeds(run_dir, DEFAULT_EVAL_SEED).get(eval_seed, [])
+               if same is None or i != same["id"]]
 
     def compute() -> dict[str, Any]:
         results, tuned, records = [], [], {}
@@ -390,17 +439,31 @@ def evaluate_run(run_dir: str | Path, env_ids: list[str] | None = None, seeds: i
                                                   inner, config.fitness, seeds, eval_seed,
                                                   label, label=task))
             if tune:
+                searched = {}
+                for plan in plans[task].values():
+                    def search_it(plan=plan, inner=inner):
+                        return _tune(plan, objective, learned.get(plan.objective), inner,
+                                     config, tune_seeds, tune_seed, tune_by, tune_rounds)
+                    searched[plan.objective] = (
+                        search_it() if plan.objective in learned else _reused(
+                            baseline_cache, ("tuned", dataclasses.asdict(plan), inner, config,
+                                             tune_seeds, tune_seed, tune_by, tune_rounds),
+                            search_it))
+                # equal budget: every objective gets as many settings as the one with most
+                count = max(record["budget"]["settings"] for record in searched.values())
                 records[task] = {}
                 for row, plan in zip(rows, plans[task].values(), strict=True):
-                    def tune_it(plan=plan, row=row, inner=inner, task=task):
-                        return _tune_and_evaluate(plan, row, objective,
-                                                  learned.get(plan.objective), inner, config,
-                                                  seeds, eval_seed, tune_seeds, tune_seed,
-                                                  tune_by, task)
-                    record, tuned_row = (tune_it() if plan.objective in learned else _reused(
-                        baseline_cache, ("tuned", dataclasses.asdict(plan), inner, config,
-                                         seeds, eval_seed, tune_seeds, tune_seed, tune_by),
-                        tune_it))
+                    def finish(plan=plan, row=row, inner=inner, task=task,
+                               searched=searched, count=count):
+                        params = learned.get(plan.objective)
+                        record = _balance(plan, searched[plan.objective], count, objective,
+                                          params, inner, config, tune_seeds, tune_seed)
+                        return _evaluate_tuned(plan, record, row, objective, params, inner,
+                                               config, seeds, eval_seed, task)
+                    record, tuned_row = (finish() if plan.objective in learned else _reused(
+                        baseline_cache, ("tuned held out", dataclasses.asdict(plan), inner,
+                                         config, seeds, eval_seed, tune_seeds, tune_seed,
+                                         tune_by, tune_rounds, count), finish))
                     records[task][plan.objective] = record
                     tuned.append(dataclasses.replace(tuned_row, env_id=task))
         results += tuned
@@ -436,11 +499,14 @@ def evaluate_run(run_dir: str | Path, env_ids: list[str] | None = None, seeds: i
             "metric": config.fitness.metric,
             "seeds": seeds,
             "eval_seed": eval_seed,
+            "eval_seed_reused": bool(seen_by),
+            **({"eval_seed_earlier_records": seen_by} if seen_by else {}),
             **({"held_out_tasks": held_out} if held_out else {}),
             "not_reported": not_reported,
             **({"tuning": {"seeds": tune_seeds, "tune_seed": tune_seed, "tune_by": tune_by,
-                           "score": tuning.SCORES[tune_by],
-                           "budget_rule": tuning.BUDGET_RULE, "environments": records}}
+                           "rounds": tune_rounds, "score": tuning.SCORES[tune_by],
+                           "budget_rule": tuning.WIDENING_BUDGET_RULE,
+                           "environments": records}}
                if tune else {}),
             **({"across": section} if section is not None else {}),
             "results": [r.__dict__ for r in results],
@@ -488,10 +554,13 @@ def evaluation_tasks(config: ExperimentConfig, env_ids: Sequence[str] | None = N
 def spec_with_tune_by(spec: Mapping[str, Any]) -> dict[str, Any]:
     """A saved evaluation's ``spec`` as :func:`evaluate_run` writes it now: a tuned spec
     saved before ``tune_by`` existed gets ``tune.by`` ``"mean"`` (what chose then), so it
-    is reused for a request tuned by the mean and never for one tuned by the IQM."""
+    is reused for a request tuned by the mean and never for one tuned by the IQM; one saved
+    before grids widened themselves gets ``tune.rounds`` 0."""
     spec = dict(spec)
     if isinstance(spec.get("tune"), Mapping) and "by" not in spec["tune"]:
         spec["tune"] = {**spec["tune"], "by": tuning.UNRECORDED_TUNE_BY}
+    if isinstance(spec.get("tune"), Mapping) and "rounds" not in spec["tune"]:
+        spec["tune"] = {**spec["tune"], "rounds": 0}  # saved before grids widened themselves
     return spec
 
 
@@ -503,9 +572,20 @@ def evaluate_runs(run_dirs: Sequence[str | Path], **options) -> list[dict[str, A
     evolved objective, so runs that share ``[inner]`` settings and fitness metric (the seeds
     of one experiment, or variants such as LPO and TA-LPO) reuse them instead of training
     them again; runs that differ simply train their own. Each run's record is saved in its
-    own ``evaluations/`` exactly as :func:`evaluate_run` alone would save it. Returns the
+    own ``evaluations/`` exactly as :func:`evaluate_run` alone would save it. All are
+    evaluated on one held-out root: without ``eval_seed``, the first run's (a fresh root
+    avoids the roots every run given, and those of ``avoid_roots_of``, used). Returns the
     reports in the order of ``run_dirs``."""
     trained_baselines: dict[str, Any] = {}
+    run_dirs = list(run_dirs)
+    avoid = list(options.pop("avoid_roots_of", ()))
+    if options.get("eval_seed") is None and run_dirs:
+        # one held-out root for all: the first run's, fresh for every run given
+        first = evaluate_run(run_dirs[0], baseline_cache=trained_baselines,
+                             avoid_roots_of=[*run_dirs[1:], *avoid], **options)
+        options = {**options, "eval_seed": first["eval_seed"]}
+        return [first, *(evaluate_run(run_dir, baseline_cache=trained_baselines, **options)
+                         for run_dir in run_dirs[1:])]
     return [evaluate_run(run_dir, baseline_cache=trained_baselines, **options)
             for run_dir in run_dirs]
 
@@ -636,7 +716,7 @@ def _not_reported(objective_name: str, baselines: list[str], inner) -> dict[str,
 
 
 def _tuning_plans(tune, tune_seeds, tune_seed, tune_grid, eval_seed, config, baselines,
-                  tasks, tune_by=DEFAULT_TUNE_BY, start=False
+                  tasks, tune_by=DEFAULT_TUNE_BY, start=False, tune_rounds=DEFAULT_TUNE_ROUNDS
                   ) -> dict[str, dict[str, tuning.TuningPlan]]:
     """``task label -> {objective: plan}`` (the evolved objective first, then with
     ``start`` the search's starting point on the same budget) for ``tasks`` (``{label:
@@ -645,12 +725,14 @@ def _tuning_plans(tune, tune_seeds, tune_seed, tune_grid, eval_seed, config, bas
         given = [name for name, value, default in (
             ("tune_seeds", tune_seeds, tuning.DEFAULT_TUNE_SEEDS),
             ("tune_seed", tune_seed, tuning.DEFAULT_TUNE_SEED), ("tune_grid", tune_grid, None),
-            ("tune_by", tune_by, tuning.DEFAULT_TUNE_BY))
+            ("tune_by", tune_by, tuning.DEFAULT_TUNE_BY),
+            ("tune_rounds", tune_rounds, tuning.DEFAULT_TUNE_ROUNDS))
             if value != default and not (name == "tune_grid" and not value)]
         if given:
             raise ConfigError(f"{', '.join(given)}: only with tune=True (--tune)")
         return {}
-    tuning.check_tune_options(tune_seeds, tune_seed, eval_seed, config.run.seed, tune_by)
+    tuning.check_tune_options(tune_seeds, tune_seed, eval_seed, config.run.seed, tune_by,
+                              tune_rounds)
     overrides = tuning.check_overrides(tune_grid, baselines)
     learned = (EVOLVED, START) if start else (EVOLVED,)
     plans = {}
@@ -668,19 +750,37 @@ def _mesh(config):
     return None if mesh is not None and mesh.devices.size == 1 else mesh
 
 
-def _tune_and_evaluate(plan, default_row, objective, meta_params, inner, config, seeds,
-                       eval_seed, tune_seeds, tune_seed, tune_by, label=None):
-    """Tune one objective on one environment, then train it on the held-out seeds at its
-    chosen setting: ``(tuning record, "<objective> (tuned)" row)``, the row labelled
-    ``label`` (default ``inner.env_id``). A choice equal to the default setting reuses
-    ``default_row`` (the same keys and settings)."""
+def _tune(plan, objective, meta_params, inner, config, tune_seeds, tune_seed, tune_by,
+          tune_rounds) -> dict[str, Any]:
+    """The tuning record of one objective on one environment, widened for up to
+    ``tune_rounds`` rounds (:func:`metarl.evolve.tuning.tune_objective`)."""
+    if plan.objective not in (EVOLVED, START):  # a baseline, at its own initialisation
+        objective, meta_params = make_objective(plan.objective), None
+    return tuning.tune_objective(plan, objective, inner, config.fitness, tune_seeds,
+                                 tune_seed, meta_params, config.run.chunk_size, _mesh(config),
+                                 tune_by, tune_rounds)
+
+
+def _balance(plan, record, count, objective, meta_params, inner, config, tune_seeds,
+             tune_seed) -> dict[str, Any]:
+    """``record`` brought to ``count`` settings in all
+    (:func:`metarl.evolve.tuning.balance_objective`), as a new dict."""
+    if plan.objective not in (EVOLVED, START):
+        objective, meta_params = make_objective(plan.objective), None
+    return dict(tuning.balance_objective(plan, record, count, objective, inner,
+                                         config.fitness, tune_seeds, tune_seed, meta_params,
+                                         config.run.chunk_size, _mesh(config)))
+
+
+def _evaluate_tuned(plan, record, default_row, objective, meta_params, inner, config, seeds,
+                    eval_seed, label=None):
+    """Train one objective on the held-out seeds at the setting its tuning ``record``
+    chose: ``(record, "<objective> (tuned)" row)``, the row labelled ``label`` (default
+    ``inner.env_id``). A choice equal to the default setting reuses ``default_row`` (the
+    same keys and settings)."""
     evolved = plan.objective in (EVOLVED, START)  # the run's objective, not a baseline
     if not evolved:
         objective, meta_params = make_objective(plan.objective), None
-    mesh = _mesh(config)
-    record = tuning.tune_objective(plan, objective, inner, config.fitness, tune_seeds,
-                                   tune_seed, meta_params, config.run.chunk_size, mesh,
-                                   tune_by)
     learner = build_learner(inner, objective)
     hypers, options, is_default = tuning.chosen_values(plan, record, learner, plan.objective)
     name = f"{plan.objective} (tuned)"
@@ -693,6 +793,38 @@ def _tune_and_evaluate(plan, default_row, objective, meta_params, inner, config,
         meta_params = objective.init(jax.random.PRNGKey(0))
     return record, evaluate_objective(objective, meta_params, inner, config.fitness, seeds,
                                       eval_seed, name, hypers=hypers, label=label)
+
+
+def _held_out_root(run_dir: Path, spec: Mapping[str, Any], eval_seed: int | None,
+                   run_seed: int, tune_seed: int, avoid_roots_of: Sequence[str | Path]) -> int:
+    """The root of the held-out keys of an evaluation with ``spec`` (its ``eval_seed``
+    left out): ``eval_seed`` when given (never ``run_seed`` or ``run_seed + 1``); else
+    the root of an earlier record of the same spec, or a fresh one (module docstring)."""
+    kept = {run_seed: "run.seed (evolution's seeds)",
+            run_seed + 1: "run.seed + 1 (the fitness baselines' seeds)"}
+    if eval_seed is not None:
+        if isinstance(eval_seed, bool) or not isinstance(eval_seed, int):
+            raise ConfigError(f"eval_seed: expected an integer, got {eval_seed!r}")
+        if eval_seed in kept:
+            raise ConfigError(f"eval_seed: {eval_seed} is the root of {kept[eval_seed]}; "
+                              "choose another so that held-out seeds stay apart from them, "
+                              "or leave it out to draw a root no evaluation used")
+        return eval_seed
+
+    # the same request made before: its first record on seeds it did not reuse, else its
+    # latest (a root asked for on purpose)
+    wanted = json.dumps({**spec, "eval_seed": None}, sort_keys=True)
+    same = [record for record in list_records(run_dir) if isinstance(record.get("spec"), dict)
+            and json.dumps({**spec_with_tune_by(record["spec"]), "eval_seed": None},
+                           sort_keys=True) == wanted]
+    if same:
+        fresh = [record for record in same if not record.get("eval_seed_reused")]
+        chosen = fresh[0] if fresh else same[-1]
+        return chosen.get("eval_seed", chosen["spec"].get("eval_seed"))
+    taken = {*kept, tune_seed}
+    for folder in (run_dir, *avoid_roots_of):
+        taken |= set(used_eval_seeds(folder, DEFAULT_EVAL_SEED))
+    return fresh_root(taken, DEFAULT_EVAL_SEED)
 
 
 def format_report(report: dict[str, Any]) -> str:
@@ -748,19 +880,38 @@ def format_table(report: dict[str, Any]) -> str:
             e = estimates.get(name, {"value": np.nan, "low": np.nan, "high": np.nan})
             cells += [f"{e['value']:.2f}", f"[{e['low']:.2f}, {e['high']:.2f}]"]
         rows.append((task(r["env_id"]), r["objective"], *cells, str(r.get("invalid", 0))))
-    blocks = [text_table(rows)]
+    blocks = [held_out_seeds_line(report) + "\n" + text_table(rows)]
     found = [(env_id, c) for env_id, data in environments.items()
              for c in data.get("comparisons", [])]
     if found:
+        seen = SEEN_MARK if report.get("eval_seed_reused") else ""
         rows = [("environment", "objective", "vs baseline", "P(improvement)", "95% CI",
                  "paired", "verdict")]
         rows += [(task(env_id), c["evolved"], c["baseline"],
                   f"{c['probability_of_improvement']:.2f}",
                   f"[{c['low']:.2f}, {c['high']:.2f}]", "yes" if c["paired"] else "no",
-                  c["verdict"]) for env_id, c in found]
-        blocks.append(text_table(rows) + "\nverdict: better / worse when the 95% interval of "
-                      "P(improvement) lies wholly above / below 0.5, else no difference found")
+                  c["verdict"] + seen) for env_id, c in found]
+        notes = ["verdict: better / worse when the 95% interval of P(improvement) lies wholly "
+                 "above / below 0.5, else no difference found"]
+        if seen:
+            earlier = ", ".join(str(i) for i in report.get("eval_seed_earlier_records") or [])
+            notes.append(f"{SEEN_MARK.strip()} {SEEN_NOTE} (evaluations {earlier or '?'} "
+                         f"of this run used root {report.get('eval_seed')})")
+        blocks.append(text_table(rows) + "\n" + "\n".join(notes))
     return "\n\n".join(blocks)
+
+
+def held_out_seeds_line(report: Mapping[str, Any]) -> str:
+    """How many held-out seeds an evaluation record used and their root, as a table's
+    first line."""
+    spec = report.get("spec") if isinstance(report.get("spec"), Mapping) else {}
+    seeds = report.get("seeds", spec.get("seeds"))
+    if seeds is None:  # an old record: as many as its rows have
+        seeds = max((len(r.get("returns") or []) for r in report.get("results") or []),
+                    default=0)
+    root = report.get("eval_seed", spec.get("eval_seed"))
+    return (f"held-out seeds: {seeds} per objective and task, keys split from root "
+            f"{root if root is not None else 'unrecorded'}")
 
 
 def text_table(rows: list[tuple[str, ...]]) -> str:

@@ -60,7 +60,7 @@ from inner_loops.population import check_population_memory
 from metarl import distributed
 from metarl.evolve.compare import Comparison, pooled_verdicts, summarise_run, verdicts
 from metarl.evolve.config import ExperimentConfig, config_from_dict
-from metarl.evolve.evaluate import evaluate_runs, text_table
+from metarl.evolve.evaluate import SEEN_MARK, SEEN_NOTE, evaluate_runs, text_table
 from metarl.evolve.generation import Evolution, EvolutionState
 from metarl.evolve.kind import RUN_KIND, EvolveProgram, RunResult
 from metarl.objectives.sources import with_source_folder
@@ -444,8 +444,10 @@ def evaluate_replicated(run_dir: str | Path, rerun: bool = False, **options
 
     Each seed is evaluated by :func:`metarl.evolve.evaluate.evaluate_runs` with
     ``options`` (``seeds``, ``baselines``, ``tune``, ``across``, ...) and saved in its own
-    directory as a run alone would be; the baselines (and their tuning) do not depend on
-    the evolution seed, so they are trained once and their rows reused for every seed.
+    directory as a run alone would be, all on one held-out root (without ``eval_seed``, one
+    that no earlier evaluation of the parent or of any seed used); the baselines (and their
+    tuning) do not depend on the evolution seed, so they are trained once and their rows
+    reused for every seed.
     The verdict across seeds (:func:`metarl.evolve.compare.pooled_verdicts`: per
     environment and baseline, how many seeds were judged better / no difference found /
     worse, and the IQM and P(improvement) with 95% intervals over evolution seeds x
@@ -459,7 +461,7 @@ def evaluate_replicated(run_dir: str | Path, rerun: bool = False, **options
     if missing:
         raise RunError(f"{parent}: seed directories not created yet: {', '.join(missing)}; "
                        f"`metarl resume {parent}` runs them")
-    reports = evaluate_runs(dirs, rerun=rerun, **options)
+    reports = evaluate_runs(dirs, rerun=rerun, avoid_roots_of=[parent], **options)
     spec = {"replicates": [d.name for d in dirs], "seed_specs": [r["spec"] for r in reports]}
 
     def compute() -> dict[str, Any]:
@@ -474,6 +476,7 @@ def evaluate_replicated(run_dir: str | Path, rerun: bool = False, **options
             "metric": reports[0].get("metric"),
             "seeds": reports[0].get("seeds"),
             "eval_seed": reports[0].get("eval_seed"),
+            "eval_seed_reused": any(bool(r.get("eval_seed_reused")) for r in reports),
             **({"held_out_tasks": reports[0]["held_out_tasks"]}
                if reports[0].get("held_out_tasks") else {}),
             "verdicts": [dataclasses.asdict(v) for v in found],
@@ -503,9 +506,10 @@ def format_replicated_evaluation(report: dict[str, Any]) -> str:
 
     rows = [("seed", "environment", "objective", "vs baseline", "P(improvement)",
              "verdict")]
+    seen = SEEN_MARK if report.get("eval_seed_reused") else ""
     rows += [(v["run"], task(v["env_id"]), v["evolved"], v["baseline"],
-              f"{v['probability']:.2f} [{v['low']:.2f}, {v['high']:.2f}]", v["outcome"])
-             for v in report["verdicts"]]
+              f"{v['probability']:.2f} [{v['low']:.2f}, {v['high']:.2f}]",
+              v["outcome"] + seen) for v in report["verdicts"]]
     blocks = [f"{len(report['replicates'])} evolution seeds, each evaluated on the same "
               f"{report.get('seeds')} held-out seeds (eval seed {report.get('eval_seed')}); "
               "every seed's own table is in its evaluations/\n" + text_table(rows)]
@@ -514,9 +518,11 @@ def format_replicated_evaluation(report: dict[str, Any]) -> str:
     rows += [(task(p["env_id"]), p["evolved"], p["baseline"],
               *(str(p["counts"][o]) for o in OUTCOMES), interval(p["evolved_iqm"]),
               interval(p["baseline_iqm"]), interval(p["probability_of_improvement"]),
-              p["verdict"]) for p in report["pooled"]]
+              p["verdict"] + seen) for p in report["pooled"]]
     blocks.append("across evolution seeds: seeds judged better / no difference found / "
                   "worse, and IQM and P(improvement) over evolution seeds x held-out seeds "
                   "(95% intervals, the held-out seed resampled)\n" + text_table(rows))
+    if seen:
+        blocks.append(f"{SEEN_MARK.strip()} {SEEN_NOTE} (root {report.get('eval_seed')})")
     return "\n\n".join(blocks)
 

@@ -31,21 +31,43 @@ and is then trained on the held-out seeds at the setting that scored best.
   tuning seeds (common random numbers). A record saved before ``tune_by`` existed has no
   such field and was chosen by the mean (:data:`UNRECORDED_TUNE_BY`).
 - **Edges.** A choice at the lowest or highest value of a knob's grid says only that the
-  best setting may lie beyond it: the baseline is tuned no further than its grid. Every
-  record names such knobs (``at_edge``, :func:`grid_edges`) and the printed summary says to
-  widen them with ``--tune-grid``; on CartPole the learning rate was chosen at its edge
-  (×3) by nearly every objective.
+  best setting may lie beyond it (on CartPole the learning rate was chosen at its edge,
+  ×3, by nearly every objective); widening (next item) follows it. Every record names the
+  knobs still at an edge (``at_edge``, :func:`grid_edges`, which also reads records saved
+  before rounds existed) and the printed summary says so.
+- **Widening.** With ``rounds`` (``--tune-rounds``, :data:`DEFAULT_TUNE_ROUNDS` 3), a
+  choice at an edge of a knob's values is followed past that edge, on the tuning seeds
+  only (:func:`widen`): each round adds, for every knob at an edge, the chosen setting
+  with that knob one step further, continuing the grid's own spacing (the ratio of its
+  last two values for positive knobs, e.g. x3 steps of the learning rate; their
+  difference otherwise), and the objective is chosen again over every setting scored so
+  far. A step that leaves the knob's valid range (``Tunable.low``/``high``, or a value
+  the algorithm refuses) is not taken: that knob is at the edge of its range. Rounds end
+  when every choice is inside its values or after ``rounds`` widening rounds; the record
+  then names the knobs still at an edge (``widening.capped``, ``widening.out_of_range``)
+  and the printed summary says so.
+- **Equal budget after widening.** Every objective compared on an environment trains the
+  same number of settings in all: once each has widened, those with fewer settings than
+  the most get the difference in extra points of their own (:func:`balance`), each the
+  geometric (or arithmetic) midpoint between the best setting's value of a knob and a
+  neighbouring value of that knob, the best setting's other knobs kept, nearest
+  refinements first; an objective whose best setting has no neighbour left to refine
+  towards extends past an edge of its grid instead. The record's ``rounds`` keep each
+  round's grid, the settings it added with their scores, and the choice after it.
 - **Seeds.** Tuning keys are ``split(PRNGKey(tune_seed), tune_seeds)``
   (:data:`DEFAULT_TUNE_SEED` 20 011) and held-out keys ``split(PRNGKey(eval_seed), seeds)``
-  (10 007); evolution draws from ``PRNGKey(run.seed)`` and measures its fitness baselines
-  from ``PRNGKey(run.seed + 1)``. A ``tune_seed`` equal to any of those roots is refused,
-  since keys split from one root share their first members.
+  (a root no earlier evaluation of the run used, from 10 007 up, skipping the tuning
+  seed: :mod:`metarl.evolve.evaluate`); evolution draws from ``PRNGKey(run.seed)`` and
+  measures its fitness baselines from ``PRNGKey(run.seed + 1)``. A ``tune_seed`` equal
+  to any of those roots is refused, since keys split from one root share their first
+  members.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import inspect
+import itertools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -62,10 +84,11 @@ from metarl.evolve.generation import build_learner
 from metarl.objectives import get_objective, make_objective
 from metarl.objectives.registry import LEARNING_RATE
 from metarl.stats import point_estimate
-from metarl.sweep import GridAxis, check_grid, summarise_sweep, sweep_population, train_sweep
+from metarl.sweep import GridAxis, SweepResult, check_grid, summarise_sweep, train_sweep
 
-__all__ = ["DEFAULT_TUNE_BY", "DEFAULT_TUNE_SEED", "DEFAULT_TUNE_SEEDS", "Knob", "SCORES",
-           "TUNE_STATISTICS", "TuningPlan", "UNRECORDED_TUNE_BY", "check_overrides",
+__all__ = ["DEFAULT_TUNE_BY", "DEFAULT_TUNE_ROUNDS", "DEFAULT_TUNE_SEED", "DEFAULT_TUNE_SEEDS",
+           "Knob", "SCORES", "Search", "TUNE_STATISTICS", "TuningPlan", "UNRECORDED_TUNE_BY",
+           "balance", "balance_objective", "check_overrides", "next_value", "widen",
            "check_tune_options", "choose", "chosen_values", "evolved_plan", "fill_grid",
            "default_losses_plan", "format_tuning", "grid_edges", "objective_plan", "tune_by_of",
            "tune_objective", "tuned_fitness_baselines", "tuning_keys"]
@@ -83,6 +106,13 @@ SCORES = {statistic: f"{name} of the run's fitness metric over the tuning seeds;
 BUDGET_RULE = ("each baseline searches its declared grid; the evolved objective searches "
                "the baselines' shared knobs (learning rate) with as many settings as the "
                "largest baseline grid, every objective on the same tuning seeds")
+DEFAULT_TUNE_ROUNDS = 3
+WIDENING_BUDGET_RULE = (
+    BUDGET_RULE + "; a choice at an edge of its grid is followed past that edge, one step of "
+    "the grid's own spacing per knob and round, within the knob's valid range, for at most "
+    "the cap of widening rounds; then every objective gets as many settings in all as the "
+    "one with the most, the others' extra points refining between their best setting's "
+    "value and its neighbours (or extending past an edge where none is left)")
 
 
 @dataclass(frozen=True)
@@ -93,8 +123,9 @@ class Knob:
         name: hyperparameter field or objective option.
         values: the grid as declared (multiples of the run's value where ``relative``).
         trained: the values the agents train with (absolute).
-        relative, shared, option, slot: as in
+        relative, shared, option, slot, low, high: as in
             :class:`~metarl.objectives.registry.Tunable`.
+        base: the run's own value a relative knob's values multiply.
     """
 
     name: str
@@ -104,6 +135,18 @@ class Knob:
     shared: bool = False
     option: bool = False
     slot: str | None = None
+    low: float | None = None
+    high: float | None = None
+    base: float = 1.0
+
+    def allows(self, value: float) -> bool:
+        """Whether the declared ``value`` lies inside the knob's open valid range."""
+        return ((self.low is None or value > self.low)
+                and (self.high is None or value < self.high))
+
+    def trained_value(self, value: float) -> float:
+        """The value agents train with for the declared ``value``."""
+        return _scaled((value,), self.base)[0] if self.relative else float(value)
 
 
 @dataclass(frozen=True)
@@ -133,11 +176,17 @@ class TuningPlan:
         return {knob.name: list(knob.values) for knob in self.knobs}
 
 
-def check_tune_options(tune_seeds: Any, tune_seed: Any, eval_seed: int, run_seed: int,
-                       tune_by: Any = DEFAULT_TUNE_BY) -> None:
+def check_tune_options(tune_seeds: Any, tune_seed: Any, eval_seed: int | None, run_seed: int,
+                       tune_by: Any = DEFAULT_TUNE_BY,
+                       tune_rounds: Any = DEFAULT_TUNE_ROUNDS) -> None:
     """Raise :class:`ConfigError` naming a bad count of tuning seeds, a tuning seed whose
-    keys would not be apart from the held-out or evolution keys, or a statistic to choose
-    by that is not one of :data:`TUNE_STATISTICS`."""
+    keys would not be apart from the held-out (``eval_seed``; ``None``: not chosen yet, a
+    fresh root will skip the tuning seed's) or evolution keys, a statistic to choose by
+    that is not one of :data:`TUNE_STATISTICS`, or a cap of widening rounds that is no
+    count."""
+    if isinstance(tune_rounds, bool) or not isinstance(tune_rounds, int) or tune_rounds < 0:
+        raise ConfigError(f"tune_rounds: expected a count of widening rounds (0 or more), "
+                          f"got {tune_rounds!r}")
     if not isinstance(tune_by, str) or tune_by not in TUNE_STATISTICS:
         raise ConfigError(f"tune_by: got {tune_by!r}; allowed: "
                           + ", ".join(f"{key} ({name})" if key != name else key
@@ -146,7 +195,7 @@ def check_tune_options(tune_seeds: Any, tune_seed: Any, eval_seed: int, run_seed
         raise ConfigError(f"tune_seeds: need at least 2 to compare settings, got {tune_seeds!r}")
     if isinstance(tune_seed, bool) or not isinstance(tune_seed, int):
         raise ConfigError(f"tune_seed: expected an integer, got {tune_seed!r}")
-    taken = {eval_seed: "eval_seed (the held-out seeds)",
+    taken = {**({} if eval_seed is None else {eval_seed: "eval_seed (the held-out seeds)"}),
              run_seed: "run.seed (evolution's seeds)",
              run_seed + 1: "run.seed + 1 (the fitness baselines' seeds)"}
     if tune_seed in taken:
@@ -209,8 +258,9 @@ def _plan(name: str, tunables, inner, learner, overrides) -> TuningPlan:
                 except ValueError as error:
                     raise ConfigError(f"tune_grid {tunable.name}: {value:g} is not allowed "
                                       f"for objective {name!r}: {error}") from None
+            _check_range(tunable, values, name)
             knobs.append(Knob(tunable.name, values, values, option=True, slot=tunable.slot,
-                              shared=tunable.shared))
+                              shared=tunable.shared, low=tunable.low, high=tunable.high))
             continue
         field = next((f for f in (tunable.name, *tunable.fallbacks) if f in fields), None)
         if field is None:
@@ -223,10 +273,21 @@ def _plan(name: str, tunables, inner, learner, overrides) -> TuningPlan:
         base = float(getattr(inner, field))
         trained = _scaled(values, base) if tunable.relative else values
         _check_values(inner, learner, field, values, trained, base, tunable.relative)
+        _check_range(tunable, values, name)
         if tunable.relative:
             relative_to[field] = base
-        knobs.append(Knob(field, values, trained, tunable.relative, tunable.shared))
+        knobs.append(Knob(field, values, trained, tunable.relative, tunable.shared,
+                          low=tunable.low, high=tunable.high,
+                          base=base if tunable.relative else 1.0))
     return TuningPlan(name, tuple(knobs), skipped, relative_to)
+
+
+def _check_range(tunable, values, name: str) -> None:
+    outside = [value for value in values if not tunable.allows(value)]
+    if outside:
+        raise ConfigError(f"tune_grid {tunable.name}: {', '.join(f'{v:g}' for v in outside)} "
+                          f"outside its valid range ({tunable.low}, {tunable.high}) for "
+                          f"objective {name!r}")
 
 
 def _check_values(inner, learner, name, values, trained, base, relative) -> None:
@@ -272,7 +333,10 @@ def evolved_plan(name: str, baselines: Sequence[TuningPlan]) -> TuningPlan:
         values = tuple(anchors[knob_name])
         base = relative_to.get(knob_name, 1.0)
         trained = _scaled(values, base) if relative else values
-        result.append(Knob(knob_name, values, trained, relative, shared=True))
+        low = max((k.low for k in shared[knob_name] if k.low is not None), default=None)
+        high = min((k.high for k in shared[knob_name] if k.high is not None), default=None)
+        result.append(Knob(knob_name, values, trained, relative, shared=True, low=low,
+                           high=high, base=base if relative else 1.0))
     return TuningPlan(name, tuple(result), skipped, relative_to)
 
 
@@ -303,8 +367,10 @@ def fill_grid(anchors: Sequence[float], count: int) -> list[float]:
 
 def tune_objective(plan: TuningPlan, objective, inner, fitness, seeds: int, tune_seed: int,
                    meta_params=None, chunk_size="auto", mesh=None,
-                   tune_by: str = DEFAULT_TUNE_BY) -> dict[str, Any]:
-    """Train every setting of ``plan`` × ``seeds`` tuning seeds as one program and choose.
+                   tune_by: str = DEFAULT_TUNE_BY, rounds: int = 0) -> dict[str, Any]:
+    """Train every setting of ``plan`` x ``seeds`` tuning seeds as one program and choose,
+    then with ``rounds`` widen the grid past an edge the choice is at (:func:`widen`), one
+    program per round.
 
     Args:
         plan: what is searched (:func:`objective_plan`, :func:`evolved_plan`).
@@ -317,14 +383,19 @@ def tune_objective(plan: TuningPlan, objective, inner, fitness, seeds: int, tune
             train_population`).
         tune_by: the statistic the setting is chosen by, ``"iqm"`` or ``"mean"``
             (:func:`choose`).
+        rounds: the cap of widening rounds (0: the declared grid only).
 
-    Returns the record: ``tune_by``, ``grid``, ``relative_to``, ``skipped``, every
-    setting's scores (``settings``: absolute ``setting``, ``mean``, ``ci_low``,
-    ``ci_high``, ``iqm``, ``invalid``, ``returns [seeds]``), the ``chosen`` setting
-    (absolute values) and its index, the knobs chosen at an end of their grid (``at_edge``,
-    :func:`grid_edges`), the ``budget`` (settings, seeds, runs) and the seconds
-    of compilation and training. With nothing to search nothing trains and ``chosen`` is
-    ``{}`` (the default setting).
+    Returns the record: ``tune_by``, ``grid`` (every value searched, declared units),
+    ``relative_to``, ``skipped``, every setting's scores (``settings``: absolute
+    ``setting``, ``mean``, ``ci_low``, ``ci_high``, ``iqm``, ``invalid``, ``returns
+    [seeds]``), the ``chosen`` setting (absolute values) and its index, the knobs chosen at
+    an end of their grid (``at_edge``, :func:`grid_edges`), the ``budget`` (settings,
+    seeds, runs), ``rounds`` (each round's ``grid``, the settings it ``added`` in
+    declared units with their ``score``, and the ``chosen`` setting after it),
+    ``widening`` (``cap``, ``rounds`` run, the knobs still at an edge when the cap was
+    reached, ``capped``, or because the next step leaves their valid range,
+    ``out_of_range``) and the seconds of compilation and training. With nothing to
+    search nothing trains and ``chosen`` is ``{}`` (the default setting).
     """
     if tune_by not in TUNE_STATISTICS:
         raise ValueError(f"tune_by: got {tune_by!r}; allowed: {', '.join(TUNE_STATISTICS)}")
@@ -335,30 +406,269 @@ def tune_objective(plan: TuningPlan, objective, inner, fitness, seeds: int, tune
     if not plan.knobs:
         return {**record, "budget": {"settings": 0, "seeds": seeds, "runs": 0},
                 "settings": [], "chosen": {}, "chosen_index": None}
-    learner = build_learner(inner, objective)
-    axes = [GridAxis(knob.name, knob.trained) for knob in plan.knobs]
-    options = tuple(knob.name for knob in plan.knobs if knob.option)
-    settings, keys, hypers = sweep_population(learner, axes, seeds, tune_seed, options)
-    members = len(settings) * seeds
-    if options:
-        meta_params = _option_meta_params(plan, objective, meta_params, settings, seeds)
-    elif meta_params is not None:
-        meta_params = broadcast_to_population(meta_params, members)
-    trained = train_sweep(learner, keys, hypers, fitness, meta_params, chunk_size, mesh)
-    results = summarise_sweep(settings, seeds, trained)
-    index = choose(results, tune_by)
-    return {
-        **record,
+    timing = {"compile_seconds": 0.0, "train_seconds": 0.0}
+    score = _scorer(plan, objective, inner, fitness, seeds, tune_seed, meta_params,
+                    chunk_size, mesh, timing)
+    allows = _allows(plan, inner, objective)
+    search = widen(plan.grid, score, allows, rounds, tune_by)
+    return _search_record(record, search, tune_by, seeds, rounds, allows, timing)
+
+
+def balance_objective(plan: TuningPlan, record: dict[str, Any], count: int, objective, inner,
+                      fitness, seeds: int, tune_seed: int, meta_params=None,
+                      chunk_size="auto", mesh=None) -> dict[str, Any]:
+    """``record`` (from :func:`tune_objective` with the same arguments) with settings added
+    by :func:`balance` until it has ``count`` in all, chosen again over all of them; the
+    record as it is when it has as many already, searched nothing, or is an old one
+    without ``rounds``."""
+    if (not plan.knobs or "rounds" not in record
+            or record["budget"]["settings"] >= count):
+        return record
+    tune_by = tune_by_of(record)
+    timing = {"compile_seconds": record.get("compile_seconds", 0.0),
+              "train_seconds": record.get("train_seconds", 0.0)}
+    score = _scorer(plan, objective, inner, fitness, seeds, tune_seed, meta_params,
+                    chunk_size, mesh, timing)
+    allows = _allows(plan, inner, objective)
+    balanced = balance(_search_of(record), score, count, allows, tune_by)
+    base = {key: record[key] for key in ("tune_by", "relative_to", "skipped")}
+    return {**_search_record(base, balanced, tune_by, seeds, record["widening"]["cap"],
+                             allows, timing),
+            **{key: value for key, value in record.items() if key not in _SEARCH_KEYS
+               and key not in base}}
+
+
+_SEARCH_KEYS = ("grid", "budget", "settings", "chosen", "chosen_index", "at_edge", "rounds",
+                "widening", "compile_seconds", "train_seconds")
+
+
+@dataclass(frozen=True)
+class Search:
+    """The settings a tuning search scored, in declared units, and how it went.
+
+    Attributes:
+        settings: every setting scored, in the order scored (knob -> declared value).
+        results: one score per setting (anything :func:`choose` reads: ``mean``,
+            ``invalid``, ``returns [S]``).
+        rounds: one entry per round (``round``, ``reason``: ``"grid"``, ``"widen"`` or
+            ``"balance"``, the ``grid`` of every value so far, the settings ``added`` with
+            their ``score`` and ``invalid`` seeds, the ``chosen`` setting after it).
+    """
+
+    settings: tuple[dict[str, float], ...]
+    results: tuple[Any, ...]
+    rounds: tuple[dict[str, Any], ...]
+
+    def values(self, knob: str) -> list[float]:
+        """The distinct values of ``knob`` scored, ascending."""
+        return sorted({setting[knob] for setting in self.settings})
+
+    def edges(self, index: int) -> dict[str, str]:
+        """Knob -> ``"lowest"``/``"highest"`` where setting ``index`` is at an end of that
+        knob's values (a knob with one value has none)."""
+        edges = {}
+        for knob, value in self.settings[index].items():
+            values = self.values(knob)
+            if len(values) > 1 and value in (values[0], values[-1]):
+                edges[knob] = "highest" if value == values[-1] else "lowest"
+        return edges
+
+
+def next_value(values: Sequence[float], end: str) -> float:
+    """The value one step past the ``end`` (``"lowest"``/``"highest"``) of ``values``
+    (ascending, at least 2), continuing their spacing there: the ratio of the last two
+    values when both are positive (x3 after 1, 3), else their difference; 4 significant
+    digits."""
+    last, before = (values[-1], values[-2]) if end == "highest" else (values[0], values[1])
+    step = last * (last / before) if last > 0 and before > 0 else 2 * last - before
+    return float(f"{step:.4g}")
+
+
+def widen(grid: Mapping[str, Sequence[float]], score, allows,
+          rounds: int = DEFAULT_TUNE_ROUNDS, statistic: str = DEFAULT_TUNE_BY) -> Search:
+    """Score the product ``grid`` (knob -> declared values), then for at most ``rounds``
+    rounds, while the best setting is at an edge of some knob's values, score that setting
+    with each such knob moved :func:`next_value` past its edge (where ``allows(knob,
+    value)``) and choose again over everything scored.
+
+    ``score`` maps a list of settings to one result per setting (:func:`choose` reads
+    them); it is the only thing that trains, so a planted optimum can be found without
+    training."""
+    names = list(grid)
+    first = [dict(zip(names, values, strict=True))
+             for values in itertools.product(*[grid[name] for name in names])]
+    search = _scored(Search((), (), ()), first, score, "grid", statistic)
+    for _ in range(rounds):
+        index = choose(search.results, statistic)
+        added = []
+        for knob, end in search.edges(index).items():
+            value = next_value(search.values(knob), end)
+            if allows(knob, value):
+                added.append({**search.settings[index], knob: value})
+        if not added:
+            break
+        search = _scored(search, added, score, "widen", statistic)
+    return search
+
+
+def balance(search: Search, score, count: int, allows,
+            statistic: str = DEFAULT_TUNE_BY) -> Search:
+    """``search`` with settings added until it has ``count`` (see the module docstring:
+    midpoints between the best setting's value of each knob and its neighbours, nearest
+    first, or a step past an edge where no neighbour is left), scored as one round and
+    chosen again; unchanged when it has as many, or when no point is left to add."""
+    missing = count - len(search.settings)
+    if missing <= 0:
+        return search
+    chosen = search.settings[choose(search.results, statistic)]
+    values = {knob: search.values(knob) for knob in chosen}
+    spacing = {knob: search.values(knob) for knob in chosen}  # the grid's own, for a step
+    points: list[dict[str, float]] = []
+    while len(points) < missing:
+        before = len(points)
+        for knob, value in chosen.items():
+            for side in (-1, 1):
+                if len(points) == missing:
+                    break
+                known = values[knob]
+                neighbour = known.index(value) + side
+                if 0 <= neighbour < len(known):
+                    other = known[neighbour]
+                    point = (value * other) ** 0.5 if value > 0 and other > 0 \
+                        else (value + other) / 2
+                    point = float(f"{point:.4g}")
+                elif len(known) > 1:
+                    point = next_value(spacing[knob], "lowest" if side < 0 else "highest")
+                else:
+                    continue
+                if point in known or not allows(knob, point):
+                    continue
+                points.append({**chosen, knob: point})
+                known.append(point)
+                known.sort()
+        if len(points) == before:
+            break
+    if not points:
+        return search
+    return _scored(search, points, score, "balance", statistic)
+
+
+def _scored(search: Search, added: list[dict[str, float]], score, reason: str,
+            statistic: str) -> Search:
+    results = list(score(added))
+    if len(results) != len(added):
+        raise ValueError(f"score: got {len(results)} results for {len(added)} settings")
+    settings = (*search.settings, *added)
+    grown = Search(settings, (*search.results, *results), search.rounds)
+    index = choose(grown.results, statistic)
+    entry = {"round": len(search.rounds), "reason": reason,
+             "grid": {knob: grown.values(knob) for knob in added[0]},
+             "added": [{"setting": dict(setting), "score": _score(result, statistic),
+                        "invalid": int(result.invalid)}
+                       for setting, result in zip(added, results, strict=True)],
+             "chosen": dict(settings[index]), "at_edge": grown.edges(index)}
+    return Search(settings, grown.results, (*search.rounds, entry))
+
+
+def _search_of(record: Mapping[str, Any]) -> Search:
+    """The :class:`Search` a tuning record with ``rounds`` was made from."""
+    settings = tuple(dict(added["setting"]) for entry in record["rounds"]
+                     for added in entry["added"])
+    results = tuple(SweepResult(
+        setting=saved["setting"],
+        returns=[np.nan if r is None else r for r in saved["returns"]],
+        mean=np.nan if saved["mean"] is None else saved["mean"], ci_low=saved["ci_low"],
+        ci_high=saved["ci_high"], invalid=saved["invalid"], curves=[])
+        for saved in record["settings"])
+    return Search(settings, results, tuple(record["rounds"]))
+
+
+def _search_record(base: dict[str, Any], search: Search, tune_by: str, seeds: int,
+                   cap: int, allows, timing: Mapping[str, float]) -> dict[str, Any]:
+    grid: dict[str, list[float]] = {}
+    for setting in search.settings:
+        for knob, value in setting.items():
+            if value not in grid.setdefault(knob, []):
+                grid[knob].append(value)
+    index = choose(search.results, tune_by)
+    chosen = dict(search.results[index].setting)
+    edges = search.edges(index)
+    out_of_range = {knob: end for knob, end in edges.items()
+                    if not allows(knob, next_value(search.values(knob), end))}
+    count = len(search.settings)
+    record = {
+        **base, "grid": grid,
+        "budget": {"settings": count, "seeds": seeds, "runs": count * seeds},
         "settings": [{**{key: value for key, value in dataclasses.asdict(result).items()
                          if key not in ("curves", "curve_updates")},
                       "iqm": _score(result, "iqm")}
-                     for result in results],
-        "chosen": dict(settings[index]),
+                     for result in search.results],
+        "chosen": chosen,
         "chosen_index": index,
-        "at_edge": grid_edges({**record, "chosen": dict(settings[index])}),
-        "compile_seconds": trained["compile_seconds"],
-        "train_seconds": trained["train_seconds"],
+        "rounds": list(search.rounds),
+        "widening": {"cap": cap,
+                     "rounds": sum(entry["reason"] == "widen" for entry in search.rounds),
+                     "capped": {knob: end for knob, end in edges.items()
+                                if knob not in out_of_range},
+                     "out_of_range": out_of_range},
+        "compile_seconds": round(timing["compile_seconds"], 2),
+        "train_seconds": round(timing["train_seconds"], 2),
     }
+    record["at_edge"] = grid_edges(record)
+    return record
+
+
+def _scorer(plan: TuningPlan, objective, inner, fitness, seeds: int, tune_seed: int,
+            meta_params, chunk_size, mesh, timing: dict[str, float]):
+    """``score(settings)`` for :func:`widen`: trains the declared ``settings`` x ``seeds``
+    tuning seeds as one program and returns their :class:`~metarl.sweep.SweepResult` s
+    (absolute settings), adding its seconds to ``timing``."""
+    learner = build_learner(inner, objective)
+    knobs = {knob.name: knob for knob in plan.knobs}
+    options = tuple(knob.name for knob in plan.knobs if knob.option)
+
+    def score(declared: list[dict[str, float]]):
+        settings = [{knob: knobs[knob].trained_value(value) for knob, value in setting.items()}
+                    for setting in declared]
+        hypers = stack_hyperparams([
+            learner.default_hypers._replace(**{k: jnp.float32(v) for k, v in setting.items()
+                                               if k not in options})
+            for setting in settings for _ in range(seeds)])
+        keys = jnp.concatenate([tuning_keys(tune_seed, seeds)] * len(settings))
+        members = len(settings) * seeds
+        params = meta_params
+        if options:
+            params = _option_meta_params(plan, objective, meta_params, settings, seeds)
+        elif meta_params is not None:
+            params = broadcast_to_population(meta_params, members)
+        trained = train_sweep(learner, keys, hypers, fitness, params, chunk_size, mesh)
+        timing["compile_seconds"] += trained["compile_seconds"]
+        timing["train_seconds"] += trained["train_seconds"]
+        return summarise_sweep(settings, seeds, trained)
+
+    return score
+
+
+def _allows(plan: TuningPlan, inner, objective):
+    """``allows(knob, declared value)``: inside the knob's valid range, and accepted by the
+    algorithm's config (a hyperparameter) or the objective's factory (an option)."""
+    knobs = {knob.name: knob for knob in plan.knobs}
+    learner = build_learner(inner, objective)
+
+    def allows(name: str, value: float) -> bool:
+        knob = knobs[name]
+        if not knob.allows(value):
+            return False
+        try:
+            if knob.option:
+                make_objective(plan.objective, **{name: value})
+            else:
+                check_grid(inner, learner, [GridAxis(name, (knob.trained_value(value),))])
+        except (ConfigError, ValueError):
+            return False
+        return True
+
+    return allows
 
 
 def grid_edges(record: Mapping[str, Any]) -> dict[str, str]:
@@ -411,7 +721,8 @@ def tuned_fitness_baselines(config, seed: int, mesh=None
         if not plan.knobs:  # nothing to search: the default setting, as a grid of one
             field = build_learner(inner, objective).default_hypers._fields[0]
             default = float(getattr(inner, field))
-            plan = dataclasses.replace(plan, knobs=(Knob(field, (1.0,), (default,), True),),
+            plan = dataclasses.replace(plan, knobs=(Knob(field, (1.0,), (default,), True,
+                                                         base=default),),
                                        relative_to={field: default})
         record = tune_objective(plan, objective, inner, config.fitness, seeds, seed,
                                 chunk_size=config.run.chunk_size, mesh=mesh, tune_by="mean")
@@ -489,6 +800,35 @@ def chosen_values(plan: TuningPlan, record: dict[str, Any], learner, name: str
     return hypers, options, same_hypers and same_options
 
 
+def _edge_lines(record: Mapping[str, Any]) -> list[str]:
+    """What the summary says of a record's rounds and of a choice still at an edge."""
+    def named(edges: Mapping[str, str]) -> str:
+        return ", ".join(f"{knob} (its {end})" for knob, end in edges.items())
+
+    widening = record.get("widening")
+    lines = []
+    rounds = record.get("rounds") or []
+    if len(rounds) > 1:
+        lines.append("      rounds: " + "; ".join(
+            f"{entry['reason']} +{len(entry['added'])}" for entry in rounds))
+    if widening is None:  # a record saved before grids widened themselves
+        edges = grid_edges(record)
+        if edges:
+            lines.append(f"      at the end of its grid: {named(edges)}; the best setting "
+                         f"may lie beyond (widen with --tune-grid)")
+        return lines
+    if widening["capped"]:
+        cap = (f"when the cap of {widening['cap']} widening rounds was reached"
+               if widening["cap"] else "not widened (--tune-rounds 0)")
+        lines.append(f"      at the end of its grid: {named(widening['capped'])} {cap}; the "
+                     f"best setting may lie beyond (raise --tune-rounds or widen with "
+                     f"--tune-grid)")
+    if widening["out_of_range"]:
+        lines.append(f"      at the edge of its valid range: {named(widening['out_of_range'])}"
+                     f"; not widened there")
+    return lines
+
+
 def format_tuning(report: dict[str, Any]) -> str:
     """Lines naming each objective's chosen setting and tuning score (empty when the
     evaluation was not tuned)."""
@@ -497,8 +837,11 @@ def format_tuning(report: dict[str, Any]) -> str:
         return ""
     statistic = tune_by_of(tuning)
     label = "IQM" if statistic == "iqm" else statistic
+    widened = (f"grids widened past an edge for up to {tuning['rounds']} rounds; "
+               if tuning.get("rounds") else "")
     lines = [f"tuned on {tuning['seeds']} tuning seeds (tune seed {tuning['tune_seed']}); "
-             f"chosen settings, best {TUNE_STATISTICS[statistic]} over the tuning seeds:"]
+             f"{widened}chosen settings, best {TUNE_STATISTICS[statistic]} over the tuning "
+             "seeds:"]
     for env_id, records in tuning["environments"].items():
         for name, record in records.items():
             budget = record["budget"]
@@ -516,11 +859,7 @@ def format_tuning(report: dict[str, Any]) -> str:
                     for knob, value in record["chosen"].items())
                 lines.append(f"  {env_id}  {name}: {chosen}  ({label} {score:.2f}; "
                              f"{budget['settings']} settings x {budget['seeds']} seeds)")
-                edges = grid_edges(record)
-                if edges:
-                    named = ", ".join(f"{knob} (its {end})" for knob, end in edges.items())
-                    lines.append(f"      at the end of its grid: {named}; the best setting "
-                                 f"may lie beyond (widen with --tune-grid)")
+                lines += _edge_lines(record)
             for knob, reason in record["skipped"].items():
                 lines.append(f"      not tuned: {knob}: {reason}")
     return "\n".join(lines)

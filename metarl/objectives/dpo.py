@@ -112,8 +112,9 @@ def _portable(meta_params: dict, options: Mapping[str, Any]) -> dict:
 
 @register_objective("dpo", slots=("policy",), algorithms=("ppo", "recurrent_ppo"),
                     baselines=("ppo",), portable=_portable,
-                    tunables=(Tunable("alpha", (1.0, 4.0), option=True),
-                              Tunable("beta", (0.3, 1.2), option=True), LEARNING_RATE))
+                    tunables=(Tunable("alpha", (1.0, 4.0), option=True, low=0.0),
+                              Tunable("beta", (0.3, 1.2), option=True, low=0.0),
+                              LEARNING_RATE))
 def make_dpo(alpha: float = DEFAULT_ALPHA, beta: float = DEFAULT_BETA) -> Objective:
     """DPO's closed-form drift as PPO's policy loss."""
     return Objective(policy=dpo_term(alpha, beta))

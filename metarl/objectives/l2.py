@@ -31,7 +31,7 @@ import jax.numpy as jnp
 from inner_loops.objective import Objective, huber, ppo_objective, squared_error
 from metarl.objectives.registry import LEARNING_RATE, VF_COEF, Tunable, register_objective
 
-CLIP_EPS = Tunable("clip_eps", (0.05, 0.1, 0.2, 0.4))
+CLIP_EPS = Tunable("clip_eps", (0.05, 0.1, 0.2, 0.4), low=0.0, high=1.0)
 
 
 @register_objective("ppo", slots=("policy", "value"), algorithms=("ppo", "recurrent_ppo"),

@@ -90,6 +90,10 @@ class Tunable:
         fallbacks: hyperparameters searched in place of ``name``, the first the algorithm
             has, where it has no ``name``: the learning rate of TD3's and SAC's critic,
             which a value loss trains, is ``critic_learning_rate``.
+        low, high: the open interval of valid values (``None``: unbounded on that side),
+            in the units of ``values`` (multiples of the run's setting where ``relative``).
+            A tuned evaluation widens a grid whose best setting is at its edge
+            (:mod:`metarl.evolve.tuning`) only while the next value stays inside it.
     """
 
     name: str
@@ -99,6 +103,8 @@ class Tunable:
     option: bool = False
     slot: str | None = None
     fallbacks: tuple[str, ...] = ()
+    low: float | None = None
+    high: float | None = None
 
     def __post_init__(self):
         if not isinstance(self.name, str) or not self.name:
@@ -111,15 +117,25 @@ class Tunable:
         if len(set(values)) != len(values):
             raise ValueError(f"tunable {self.name}: values must be distinct, got {values!r}")
         object.__setattr__(self, "values", tuple(float(v) for v in values))
+        outside = [v for v in values if not self.allows(v)]
+        if outside:
+            raise ValueError(f"tunable {self.name}: values {outside} lie outside its valid "
+                             f"range ({self.low}, {self.high})")
         if self.slot is not None and self.slot not in SLOTS:
             raise ValueError(f"tunable {self.name}: slot must be one of {SLOTS}, got "
                              f"{self.slot!r}")
 
 
+    def allows(self, value: float) -> bool:
+        """Whether ``value`` lies inside the open interval (``low``, ``high``)."""
+        return ((self.low is None or value > self.low)
+                and (self.high is None or value < self.high))
+
+
 # The knobs the shipped objectives share: grids documented in docs/guides/objectives.md.
 LEARNING_RATE = Tunable("learning_rate", (1 / 3, 1.0, 3.0), relative=True, shared=True,
-                        fallbacks=("critic_learning_rate",))
-VF_COEF = Tunable("vf_coef", (0.03, 0.1, 0.3, 1.0))
+                        fallbacks=("critic_learning_rate",), low=0.0)
+VF_COEF = Tunable("vf_coef", (0.03, 0.1, 0.3, 1.0), low=0.0)
 
 
 @dataclass(frozen=True)

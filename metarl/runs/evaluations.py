@@ -9,6 +9,12 @@ still read, as the record with id ``"legacy"``.
 
 :func:`saved_evaluation` is how every run kind's evaluation is kept (or found again);
 :func:`list_records` is the one reader that plots and comparisons use.
+
+Held-out seeds are meant to be looked at once: :func:`used_eval_seeds` gathers the roots
+of the held-out key streams (``eval_seed``) that a run's evaluations used, and those of
+evaluations made of the same candidate elsewhere (``held_out_roots.json``, written where
+a run directory is made from an exported discovery), so that a new evaluation can draw a
+root none of them used (:func:`fresh_root`).
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from metarl.runs.layout import (
 )
 
 LEGACY_FILE = "evaluation.json"
+USED_ROOTS_FILE = "held_out_roots.json"  # {"roots": [int], "source": str}: used elsewhere
 
 
 def _load(path: Path) -> Any:
@@ -144,3 +151,47 @@ def digest(*values: Any) -> str:
     """A short fingerprint of plain-JSON ``values`` (e.g. a checkpoint's last line), for an
     evaluation's ``spec``."""
     return hashlib.sha256(json.dumps(values).encode()).hexdigest()
+
+
+def used_eval_seeds(run_dir: str | Path, unrecorded: int | None = None) -> dict[int, list[Any]]:
+    """Root of a held-out key stream -> the ids of ``run_dir``'s evaluations that used it
+    (their ``eval_seed``, or their spec's; ``unrecorded`` for a record that names none, as
+    old ones made at the default root), plus the roots :data:`USED_ROOTS_FILE` lists,
+    under its ``source``."""
+    run_dir = Path(run_dir)
+    used: dict[int, list[Any]] = {}
+    for record in list_records(run_dir):
+        spec = record.get("spec") if isinstance(record.get("spec"), dict) else {}
+        root = record.get("eval_seed", spec.get("eval_seed", unrecorded))
+        if isinstance(root, int) and not isinstance(root, bool):
+            used.setdefault(root, []).append(record["id"])
+    elsewhere = run_dir / USED_ROOTS_FILE
+    if elsewhere.is_file():
+        data = _load(elsewhere)
+        if isinstance(data, dict):
+            for root in data.get("roots") or []:
+                if isinstance(root, int) and not isinstance(root, bool):
+                    used.setdefault(root, []).append(str(data.get("source", elsewhere.name)))
+    return used
+
+
+def fresh_root(taken: Any, start: int) -> int:
+    """The first integer from ``start`` up that is not in ``taken`` (roots already used,
+    and roots kept for other key streams)."""
+    root = start
+    while root in taken:
+        root += 1
+    return root
+
+
+def write_used_roots(run_dir: str | Path, roots: Any, source: str) -> Path | None:
+    """Write :data:`USED_ROOTS_FILE` into ``run_dir`` naming ``roots`` (held-out roots
+    evaluations made elsewhere used, e.g. of the run a discovery was exported from) and
+    their ``source``; nothing when there are none."""
+    roots = sorted({int(r) for r in roots if isinstance(r, int) and not isinstance(r, bool)})
+    if not roots:
+        return None
+    run_dir = Path(run_dir)
+    path = run_dir / USED_ROOTS_FILE
+    atomic_write(path, json.dumps({"roots": roots, "source": source}).encode(), run_dir)
+    return path
