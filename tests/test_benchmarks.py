@@ -223,6 +223,6 @@ def test_the_benchmarks_readme_lists_every_script_in_its_section():
     for folder, names in listed.items():
         scripts = {path.name for path in folder.glob("*.py") if not path.name.startswith("_")}
         assert names == scripts, folder
-    # lower case only: `benchmarks/NAME.py` in the introduction is a placeholder
+    # lower-case names only: the introduction writes `benchmarks/NAME.py` for any script
     for path in re.findall(r"python3? (benchmarks/[a-z_/]+\.py)", text):
         assert (BENCHMARKS.parent / path).is_file(), path
