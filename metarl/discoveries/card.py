@@ -24,7 +24,6 @@ meta-parameters file, ``status.json``, ``metrics.jsonl``, every ``evaluations/<n
 
 from __future__ import annotations
 
-import hashlib
 import importlib.metadata
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -37,7 +36,7 @@ from metarl.evolve.evaluate import environment_statistics
 from metarl.kinds import EVOLVE, is_parent, kind_spec, run_kind
 from metarl.runs.evaluations import list_records
 from metarl.runs.layout import CONFIG_FILE, RunError, now, read_json, read_metrics, read_status
-from metarl.runs.meta_params import CANDIDATE_FILES, read_meta_params
+from metarl.runs.meta_params import CANDIDATE_FILES, meta_params_sha256, read_meta_params
 
 NO_EVALUATION = ("no evaluation: the run was never evaluated, so nothing says how it "
                  "compares with a baseline (metarl evaluate RUN_DIR judges it)")
@@ -77,7 +76,7 @@ def discovery_of(run_dir: str | Path, which: str = "mean",
     import jax  # the template's structure only
 
     meta_params = read_meta_params(meta_path, objective.init(jax.random.PRNGKey(0)))
-    meta_sha = hashlib.sha256(meta_path.read_bytes()).hexdigest()
+    meta_sha = meta_params_sha256(meta_path)
     generation, generation_source = _generations_done(run_dir)
     table = data["objective"]
     card = {

@@ -28,7 +28,6 @@ marks them as judged on seen seeds.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -65,7 +64,7 @@ from metarl.runs.evaluations import (
     used_eval_seeds,
 )
 from metarl.runs.layout import PLOTS_DIR, RunError, read_metrics
-from metarl.runs.meta_params import CANDIDATE_FILES, load_meta_params
+from metarl.runs.meta_params import CANDIDATE_FILES, load_meta_params, meta_params_sha256
 from metarl.sharding import population_mesh
 from metarl.stats import (
     AGGREGATES,
@@ -392,7 +391,7 @@ def evaluate_run(run_dir: str | Path, env_ids: list[str] | None = None, seeds: i
         "eval_seed": eval_seed,
         "total_timesteps": {label: inner.total_timesteps for label, inner in tasks.items()},
         "meta_params": which,
-        "meta_params_sha256": hashlib.sha256(meta_path.read_bytes()).hexdigest(),
+        "meta_params_sha256": meta_params_sha256(meta_path),
         "baselines": list(baselines),
         **({"start": True} if start else {}),
         **({"distilled": {label: table["options"] for label, table in formulas.items()}}

@@ -10,6 +10,7 @@ An evolution run keeps two (flax msgpack, written atomically after every generat
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,12 @@ def save_meta_params(path: str | Path, meta_params) -> None:
     atomic_write(Path(path), serialization.msgpack_serialize(
         serialization.to_state_dict(arrays)
     ))
+
+
+def meta_params_sha256(path: str | Path) -> str:
+    """The SHA-256 of a meta-parameter file's bytes: what an evaluation record keeps to say
+    which meta-parameters it judged, and a discovery's card compares with it."""
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
 def load_meta_params(path: str | Path, template=None):
