@@ -25,6 +25,9 @@ if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
         + " --xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"
     ).strip()
 os.environ.setdefault("MPLBACKEND", "Agg")
+# `metarl evaluate` keeps baseline trainings in the user's cache folder; a test session keeps
+# them in a folder of its own, empty at its start, so no test reads an earlier session's.
+os.environ["METARL_CACHE_DIR"] = tempfile.mkdtemp(prefix="metarl-test-trainings-")
 # Cache entries built on this very host make XLA log a spurious CPU-feature mismatch.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 # Tracing a program makes a great many short-lived Python objects; the cyclic garbage

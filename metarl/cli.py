@@ -160,7 +160,8 @@ EVOLVE_ONLY_OPTIONS = (  # (flag, keyword of evaluate_run, default on the comman
     ("--tune", "tune", False), ("--tune-seeds", "tune_seeds", 8),
     ("--tune-seed", "tune_seed", DEFAULT_TUNE_SEED), ("--tune-grid", "tune_grid", []),
     ("--tune-by", "tune_by", DEFAULT_TUNE_BY), ("--tune-rounds", "tune_rounds", 3),
-    ("--across", "across", None), ("--distilled", "distilled", []), ("--start", "start", False))
+    ("--across", "across", None), ("--distilled", "distilled", []), ("--start", "start", False),
+    ("--suite", "suite", None))
 
 
 def _evaluate(args) -> int:
@@ -196,6 +197,16 @@ def _evaluate(args) -> int:
 
         axis = parse_grid(options["across"], "--across")
         options["across"] = {axis.name: list(axis.values)}
+    if EVOLVE in kinds:  # baselines trained once, kept for every later evaluation
+        from metarl.evolve.store import TrainingStore
+
+        options["store"] = (TrainingStore() if args.no_cache else
+                            TrainingStore(args.cache_dir) if args.cache_dir else
+                            TrainingStore.default())
+    elif args.no_cache or args.cache_dir:
+        from metarl.config import ConfigError
+
+        raise ConfigError("--cache-dir, --no-cache: only for evolution runs")
     if len(args.run_dirs) == 1:
         reports = [evaluate(args.run_dirs[0], **options)]
     else:
@@ -211,6 +222,10 @@ def _evaluate(args) -> int:
             print(f"replaced {report['path']} with this new evaluation (--rerun)")
         else:
             print(f"saved {report['path']}")
+        if report.get("suite_figure"):
+            print(f"suite figure: {report['suite_figure']}")
+    if "store" in options:
+        print(options["store"].summary())
     return 0
 
 
@@ -269,6 +284,36 @@ def _zoo(args) -> int:
 
     for line in listing():
         print(line)
+    return 0
+
+
+def _suites(args) -> int:
+    from metarl.suites import available_suites, get_suite
+
+    if args.calibrate:
+        return _calibrate(args)
+    for name in available_suites():
+        suite = get_suite(name)
+        print(f"{suite.name} (v{suite.version}, {suite.device}): {suite.description}")
+        for side, tasks in (("meta-train", suite.train), ("meta-test", suite.test)):
+            for task in tasks:
+                print(f"  {side:<10} {task.label:<24} {task.inner['total_timesteps']:>11,} "
+                      f"steps  {task.source}")
+    return 0
+
+
+def _calibrate(args) -> int:
+    import json
+
+    from metarl.evolve.calibrate import calibrate_suite
+    from metarl.suites import get_suite
+
+    budgets = [int(float(text)) for text in args.budgets.split(",")] if args.budgets else None
+    record = calibrate_suite(get_suite(args.calibrate), budgets, progress=print)
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(record, indent=1) + "\n")
+        print(f"saved {args.out}")
     return 0
 
 
@@ -541,6 +586,18 @@ def _add_reading_commands(commands) -> None:
                                "hyperparameter on the held-out seeds, e.g. --across "
                                "learning_rate=1e-4,3e-4,1e-3: per-value IQM in the record "
                                "and plots/across_<n>.png, one line per objective")
+    evaluate.add_argument("--suite", default=None, metavar="NAME",
+                          help="judge on every environment of a suite (metarl suites lists "
+                               "them) at its settings: per-environment verdicts, then one "
+                               "pooled verdict over the environments the run never trained "
+                               "on, and plots/suite_<n>.png")
+    evaluate.add_argument("--cache-dir", default=None, metavar="DIR",
+                          help="where trainings that do not depend on the evolved objective "
+                               "(baselines, their tuning, the untrained policy) are kept and "
+                               "reused exactly by later evaluations (default: "
+                               "$METARL_CACHE_DIR, else ~/.cache/metarl/trainings)")
+    evaluate.add_argument("--no-cache", action="store_true",
+                          help="train everything afresh; keep nothing on disk")
     evaluate.set_defaults(handler=_evaluate)
 
     plot = commands.add_parser("plot", help="draw the learned objective and the run as PNGs")
@@ -629,6 +686,21 @@ def _add_reading_commands(commands) -> None:
                     "(\"zoo:NAME\"), metarl evaluate zoo:NAME): name, objective, where it "
                     "was found, verdicts against the tuned baselines")
     zoo.set_defaults(handler=_zoo)
+
+    suites = commands.add_parser(
+        "suites", help="list the environment suites a discovery is judged on (metarl "
+                       "evaluate --suite NAME): each side's environments, budgets and the "
+                       "source of their settings")
+    suites.add_argument("--calibrate", default=None, metavar="NAME",
+                        help="train tuned PPO and the untrained policy on every environment "
+                             "of suite NAME and say how far below the ceiling tuned PPO "
+                             "stays (the record that justifies a suite's budgets)")
+    suites.add_argument("--budgets", default=None, metavar="N1,N2,...",
+                        help="with --calibrate: steps per agent to try on every environment "
+                             "(default: each environment's own)")
+    suites.add_argument("--out", default=None, metavar="FILE",
+                        help="with --calibrate: write the record as JSON")
+    suites.set_defaults(handler=_suites)
 
 
 def _add_tool_commands(commands) -> None:

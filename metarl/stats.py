@@ -273,6 +273,36 @@ def pooled_probability_of_improvement(x, y, *, confidence: float = CONFIDENCE,
     return Estimate(value, float(low), float(high))
 
 
+def stratified_probability_of_improvement(x, y, *, confidence: float = CONFIDENCE,
+                                          resamples: int = RESAMPLES, seed: int = SEED
+                                          ) -> Estimate:
+    """P(X > Y) pooled over tasks, each task's runs paired: ``x [S, T]`` and ``y [S, T]``
+    (seed s of task t trained on the same key for both).
+
+    The value is the mean over tasks of each task's paired P(X > Y) (the fraction of seeds
+    on which ``x`` wins, a tie one half), as rliable averages its probability of
+    improvement over tasks. The interval is a stratified percentile bootstrap: each task's
+    pairs are resampled within that task, every task in every resample. A non-finite score
+    ranks below every finite one. Fewer than two seeds: a NaN interval.
+    """
+    x, y = _ranked(_runs_by_tasks(x)), _ranked(_runs_by_tasks(y))
+    if x.shape != y.shape:
+        raise ValueError(f"x and y need the same seeds and tasks, got {x.shape} and {y.shape}")
+    if x.size == 0:
+        return NAN_ESTIMATE
+    wins = (x > y) + 0.5 * (x == y)  # [S, T]
+    value = float(wins.mean(axis=0).mean())
+    seeds, tasks = wins.shape
+    if seeds < 2:
+        return Estimate(value, float("nan"), float("nan"))
+    rng = np.random.default_rng(seed)
+    draws = rng.integers(0, seeds, size=(resamples, seeds, tasks))  # within each task
+    resampled = np.take_along_axis(wins[None], draws, axis=1).mean(axis=(1, 2))
+    alpha = (1 - confidence) / 2
+    low, high = np.quantile(resampled, [alpha, 1 - alpha])
+    return Estimate(value, float(low), float(high))
+
+
 def verdict(low: float, high: float) -> str:
     """The verdict from the interval ``[low, high]`` of P(improvement): ``"better"`` when
     it lies wholly above 0.5, ``"worse"`` when wholly below, else ``"no difference

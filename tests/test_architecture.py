@@ -153,7 +153,7 @@ LAYERS = (
     ("inner_loops",),
     ("metarl.figures",),
     ("metarl.config", "metarl.sharding", "metarl.distributed", "metarl.stats",
-     "metarl.programs", "metarl.shipped", "metarl.curves"),
+     "metarl.programs", "metarl.shipped", "metarl.curves", "metarl.suites"),
     ("metarl.objectives",),
     ("metarl.runs",),
     ("metarl.evolve", "metarl.population", "metarl.sweep", "metarl.kinds"),

@@ -13,12 +13,8 @@ import pytest
 from scipy import stats as scipy_stats
 
 from metarl import stats
-from metarl.evolve.evaluate import (
-    comparison_pairs,
-    environment_statistics,
-    format_table,
-    held_out_scores,
-)
+from metarl.evolve.evaluate import environment_statistics, format_table, held_out_scores
+from metarl.evolve.judging import comparison_pairs
 
 # 12 scores with a long upper tail: the IQM (the mean of the middle half) differs from
 # both the mean and the median.

@@ -30,15 +30,8 @@ import jax
 import numpy as np
 
 from metarl.evolve.config import config_from_dict
-from metarl.evolve.evaluate import (
-    EVOLVED,
-    SEEN_MARK,
-    SEEN_NOTE,
-    TUNED,
-    comparison_pairs,
-    held_out_scores,
-    judge,
-)
+from metarl.evolve.evaluate import SEEN_MARK, SEEN_NOTE, held_out_scores, judge
+from metarl.evolve.judging import EVOLVED, TUNED, comparison_pairs
 from metarl.objectives import get_objective
 from metarl.objectives.registry import RunFigureRequest
 from metarl.runs.engine import read_config

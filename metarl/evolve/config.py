@@ -680,6 +680,14 @@ def config_from_dict(data: dict[str, Any]) -> ExperimentConfig:
     for name, cls in sections.items():
         if name in data:
             kwargs[name] = build_table(cls, data.pop(name), name)
+    if "suite" in data:  # a suite's meta-train side as [[inner]], its meta-test side held out
+        taken = [table for table in ("inner", "held_out") if table in data]
+        if taken:
+            raise ConfigError(f"suite: takes the place of [[inner]] and [[held_out]]; this "
+                              f"experiment also has {', '.join(taken)}: give one or the other")
+        from metarl.suites import suite_experiment_tasks
+
+        kwargs["inner"], kwargs["held_out"] = suite_experiment_tasks(data.pop("suite"))
     for table in ("inner", "held_out"):  # [[held_out]] tables are read as [[inner]] ones
         if table in data:
             value = data.pop(table)

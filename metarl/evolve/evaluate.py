@@ -39,14 +39,23 @@ import numpy as np
 
 from inner_loops.population import broadcast_to_population
 from inner_loops.registry import algorithm_of
-from metarl.config import ConfigError, inner_to_dict
+from metarl.config import ConfigError
 from metarl.curves import CURVE_UPDATES, compact_curves
 from metarl.evolve import tuning
 from metarl.evolve.config import ExperimentConfig, FitnessConfig, config_from_dict
 from metarl.evolve.distill import distilled_objective
 from metarl.evolve.fitness import run_is_valid, run_return
 from metarl.evolve.generation import build_learner, search_start
+from metarl.evolve.judging import EVOLVED, START, comparison_pairs, text_table
 from metarl.evolve.metagradient import metagradient_start
+from metarl.evolve.store import TrainingStore
+from metarl.evolve.suite_verdicts import (
+    UNTRAINED,
+    format_suite,
+    save_suite_figure,
+    suite_section,
+    untrained_hypers,
+)
 from metarl.evolve.tuning import (
     DEFAULT_TUNE_BY,
     DEFAULT_TUNE_ROUNDS,
@@ -76,18 +85,15 @@ from metarl.stats import (
     probability_of_improvement,
     verdict,
 )
+from metarl.suites import get_suite
 from metarl.sweep import GridAxis, check_grid, sweep_population, train_sweep
 
 __all__ = ["SEEN_MARK", "SEEN_NOTE", "ObjectiveResult", "across_figure_path", "check_across",
-           "comparison_pairs",
            "default_baselines", "environment_statistics", "evaluate_across",
            "evaluate_objective", "evaluate_run", "format_across", "format_table",
            "held_out_seeds_line",
-           "held_out_scores", "judge", "save_across_figure", "text_table"]
+           "held_out_scores", "judge", "save_across_figure"]
 DEFAULT_EVAL_SEED = 10_007
-EVOLVED = "evolved"
-START = "start"  # the search's starting point (``start=True``)
-TUNED = " (tuned)"
 ACROSS_STATISTICS = ("iqm", "mean")  # what a point of an evaluation across a knob keeps
 SEEN_MARK = " *"  # after a verdict judged on held-out seeds an earlier evaluation used
 SEEN_NOTE = ("judged on seen seeds: earlier evaluations already used these held-out seeds, "
@@ -163,24 +169,6 @@ def evaluate_objective(objective, meta_params, inner, fitness: FitnessConfig,
     )
 
 
-def comparison_pairs(objectives: Sequence[str]) -> list[tuple[str, str]]:
-    """Which objectives evaluated on one environment are judged against which:
-    ``(evolved, baseline)`` pairs, in the order the objectives come.
-
-    ``"evolved"`` against every other objective whose name does not end in ``" (tuned)"``,
-    and, when there is an ``"evolved (tuned)"``, that one against every other objective
-    whose name ends in ``" (tuned)"`` (each tuned with the same budget)."""
-    names = list(dict.fromkeys(objectives))
-    pairs = []
-    if EVOLVED in names:
-        pairs += [(EVOLVED, name) for name in names
-                  if name != EVOLVED and not name.endswith(TUNED)]
-    tuned = EVOLVED + TUNED
-    if tuned in names:
-        pairs += [(tuned, name) for name in names if name != tuned and name.endswith(TUNED)]
-    return pairs
-
-
 def held_out_scores(result: Mapping[str, Any]) -> np.ndarray:
     """``[S]`` scores of one saved result (an :class:`ObjectiveResult` as a dict, from a
     record of any version): its ``returns``, with the seeds it marks invalid set to NaN."""
@@ -252,8 +240,8 @@ def evaluate_run(run_dir: str | Path, env_ids: list[str] | None = None, seeds: i
                  tune_grid: Mapping[str, Sequence[float]] | None = None,
                  across: Mapping[str, Sequence[float]] | None = None,
                  distilled: Sequence[int] = (), tune_by: str = DEFAULT_TUNE_BY,
-                 start: bool = False, tune_rounds: int = DEFAULT_TUNE_ROUNDS, *,
-                 baseline_cache: dict[str, Any] | None = None,
+                 start: bool = False, tune_rounds: int = DEFAULT_TUNE_ROUNDS,
+                 suite: str | None = None, store: TrainingStore | None = None, *,
                  avoid_roots_of: Sequence[str | Path] = ()) -> dict[str, Any]:
     """Evaluate a run's evolved objective against baselines; saves ``evaluations/<n>.json``.
 
@@ -343,12 +331,16 @@ def evaluate_run(run_dir: str | Path, env_ids: list[str] | None = None, seeds: i
             evolved objective is (row ``"start (tuned)"``). The evolved objective is judged
             against it as against a baseline: whether the search did anything its
             starting point did not already do.
-        baseline_cache: a dict shared by evaluations of several runs of one experiment
-            (the seeds of replicated evolution, :mod:`metarl.evolve.replicated`): what the
-            baselines trained (held-out rows, tuning, points across a knob) is kept there
-            under everything it depends on and reused by the next run instead of trained
-            again, since it does not depend on the evolved objective. ``None``: nothing
-            is kept.
+        store: where the trainings that do not depend on the evolved objective (the
+            baselines' held-out rows, tuning, tuned rows and points across a knob; with
+            ``suite`` the untrained policy's rows) are kept and found again
+            (:class:`metarl.evolve.store.TrainingStore`): reused exactly by any later
+            evaluation asking for the same training, here or in another run. ``None``: a
+            store in memory for this call only.
+        suite: a registered suite (:mod:`metarl.suites`): the tasks are every environment
+            of the suite at its settings (``env_ids`` and ``total_timesteps`` must not be
+            given), and the record gets a ``suite`` section, the cross-environment verdicts
+            of :mod:`metarl.evolve.suite_verdicts`.
         avoid_roots_of: other run directories whose evaluations' held-out roots a fresh
             root also avoids (the other seeds and the parent of replicated evolution).
 
@@ -360,25 +352,29 @@ def evaluate_run(run_dir: str | Path, env_ids: list[str] | None = None, seeds: i
         raise ConfigError(f"seeds: need at least 2 for a confidence interval, got {seeds}")
     run_dir = Path(run_dir)
     config = read_config(run_dir, config_from_dict)
+    store = TrainingStore() if store is None else store
+    chosen_suite = _suite_of(suite, env_ids, total_timesteps, config)
     objective = config.objective.build()
     template = objective.init(jax.random.PRNGKey(0))
     meta_path = run_dir / CANDIDATE_FILES[which]
     meta_params = load_meta_params(meta_path, template)
+    tasks = (evaluation_tasks(config, env_ids) if chosen_suite is None
+             else chosen_suite.configs())
+    first = next(iter(tasks.values()))
     if baselines is None:
-        baselines = default_baselines(config.objective.name, config.inner[0])
+        baselines = default_baselines(config.objective.name, first)
     unknown = [b for b in baselines if b not in available_objectives()]
     if unknown:
         raise ConfigError(
             f"baselines: unknown {unknown}; allowed: {', '.join(available_objectives())}"
         )
     for name in baselines:
-        if not _fits(name, config.inner[0]):
+        if not _fits(name, first):
             raise ConfigError(f"baselines: objective {name!r} does not fit algorithm "
-                              f"{algorithm_of(config.inner[0]).name!r}")
-    not_reported = _not_reported(config.objective.name, baselines, config.inner[0])
+                              f"{algorithm_of(first).name!r}")
+    not_reported = _not_reported(config.objective.name, baselines, first)
     formulas = {f"distilled {number}": distilled_objective(run_dir, number, which)
                 for number in dict.fromkeys(distilled)}
-    tasks = evaluation_tasks(config, env_ids)
     if total_timesteps is not None:
         tasks = {label: inner.replace(total_timesteps=total_timesteps)
                  for label, inner in tasks.items()}
@@ -386,6 +382,7 @@ def evaluate_run(run_dir: str | Path, env_ids: list[str] | None = None, seeds: i
     inners = list(tasks.values())
     spec = {
         "environments": list(tasks),
+        **({"suite": chosen_suite.to_dict()} if chosen_suite is not None else {}),
         **({"held_out_tasks": held_out} if held_out else {}),
         "seeds": seeds,
         "eval_seed": eval_seed,
@@ -420,16 +417,20 @@ def evaluate_run(run_dir: str | Path, env_ids: list[str] | None = None, seeds: i
                if same is None or i != same["id"]]
 
     def compute() -> dict[str, Any]:
-        results, tuned, records = [], [], {}
+        results, tuned, records, untrained = [], [], {}, {}
         for task, inner in tasks.items():
+            if chosen_suite is not None:
+                untrained[task] = _untrained(inner, config, seeds, eval_seed, task,
+                                             store).__dict__
             rows = [evaluate_objective(objective, params, inner, config.fitness, seeds,
                                        eval_seed, name, label=task)
                     for name, params in learned.items()]
             for name in baselines:
-                row = _reused(baseline_cache, ("held out", name, inner, config, seeds,
-                                               eval_seed),
-                              lambda name=name, inner=inner: _evaluate_baseline(
-                                  name, inner, config.fitness, seeds, eval_seed))
+                row = store.get(("held out", name, inner, _config_part(config), seeds,
+                                 eval_seed),
+                                lambda name=name, inner=inner: _evaluate_baseline(
+                                    name, inner, config.fitness, seeds, eval_seed),
+                                _row_payload, lambda payload: ObjectiveResult(**payload))
                 rows.append(dataclasses.replace(row, env_id=task))
             results += rows
             for label, table in formulas.items():
@@ -444,10 +445,9 @@ def evaluate_run(run_dir: str | Path, env_ids: list[str] | None = None, seeds: i
                         return _tune(plan, objective, learned.get(plan.objective), inner,
                                      config, tune_seeds, tune_seed, tune_by, tune_rounds)
                     searched[plan.objective] = (
-                        search_it() if plan.objective in learned else _reused(
-                            baseline_cache, ("tuned", dataclasses.asdict(plan), inner, config,
-                                             tune_seeds, tune_seed, tune_by, tune_rounds),
-                            search_it))
+                        search_it() if plan.objective in learned else store.get(
+                            ("tuned", plan, inner, _config_part(config), tune_seeds,
+                             tune_seed, tune_by, tune_rounds), search_it))
                 # equal budget: every objective gets as many settings as the one with most
                 count = max(record["budget"]["settings"] for record in searched.values())
                 records[task] = {}
@@ -459,13 +459,15 @@ def evaluate_run(run_dir: str | Path, env_ids: list[str] | None = None, seeds: i
                                           params, inner, config, tune_seeds, tune_seed)
                         return _evaluate_tuned(plan, record, row, objective, params, inner,
                                                config, seeds, eval_seed, task)
-                    record, tuned_row = (finish() if plan.objective in learned else _reused(
-                        baseline_cache, ("tuned held out", dataclasses.asdict(plan), inner,
-                                         config, seeds, eval_seed, tune_seeds, tune_seed,
-                                         tune_by, tune_rounds, count), finish))
+                    record, tuned_row = (finish() if plan.objective in learned else store.get(
+                        ("tuned held out", plan, inner, _config_part(config), seeds,
+                         eval_seed, tune_seeds, tune_seed, tune_by, tune_rounds, count),
+                        finish, _tuned_payload, _tuned_pair))
                     records[task][plan.objective] = record
                     tuned.append(dataclasses.replace(tuned_row, env_id=task))
         results += tuned
+        dicts = [r.__dict__ for r in results]
+        statistics = environment_statistics(dicts)
         section = None
         if axis is not None:
             section = {"knob": axis.name, "values": list(axis.values), "seeds": seeds,
@@ -483,9 +485,9 @@ def evaluate_run(run_dir: str | Path, env_ids: list[str] | None = None, seeds: i
                             baseline, baseline.init(jax.random.PRNGKey(0)), inner,
                             config.fitness, axis, seeds, eval_seed, config.run.chunk_size,
                             mesh)
-                    curves[name] = _reused(baseline_cache, ("across", name, inner, config,
-                                                            axis.name, axis.values, seeds,
-                                                            eval_seed), across_it)
+                    curves[name] = store.get(("across", name, inner, _config_part(config),
+                                              axis.name, axis.values, seeds, eval_seed),
+                                             across_it)
                 section["environments"][task] = curves
         try:
             generation = read_metrics(run_dir)[-1]["generation"]
@@ -508,14 +510,58 @@ def evaluate_run(run_dir: str | Path, env_ids: list[str] | None = None, seeds: i
                            "environments": records}}
                if tune else {}),
             **({"across": section} if section is not None else {}),
-            "results": [r.__dict__ for r in results],
-            "statistics": environment_statistics([r.__dict__ for r in results]),
+            "results": dicts,
+            "statistics": statistics,
+            **({"suite": suite_section(
+                chosen_suite.to_dict(), dicts, untrained,
+                [task for task, inner in tasks.items()
+                 if inner.env_id in {trained.env_id for trained in config.inner}],
+                statistics, records if tune else None)} if chosen_suite is not None else {}),
         }
 
     report = saved_evaluation(run_dir, spec, compute, rerun, normalise=spec_with_tune_by)
     if report.get("across"):
         report["across_figure"] = str(save_across_figure(run_dir, report, config.name))
+    if report.get("suite"):
+        report["suite_figure"] = str(save_suite_figure(run_dir, report, config.name))
     return report
+
+
+def _suite_of(name: str | None, env_ids, total_timesteps, config: ExperimentConfig):
+    """The suite ``name`` (``None`` without one), checked against the other options and
+    the run's objective before anything trains."""
+    if name is None:
+        return None
+    given = [option for option, value in (("env_ids", env_ids),
+                                          ("total_timesteps", total_timesteps)) if value]
+    if given:
+        raise ConfigError(f"suite: sets the environments and their budgets; "
+                          f"{', '.join(given)} cannot be given with it")
+    chosen = get_suite(name)
+    for task in chosen.tasks:
+        algorithm = algorithm_of(task.config())
+        if not get_objective(config.objective.name).fits(algorithm.name, algorithm.slots):
+            raise ConfigError(f"suite {name!r}: task {task.label} trains "
+                              f"{algorithm.name!r}, which objective "
+                              f"{config.objective.name!r} does not fit")
+    return chosen
+
+
+def _untrained(inner, config, seeds: int, eval_seed: int, label: str,
+               store: TrainingStore) -> ObjectiveResult:
+    """The untrained policy's row (learning rate 0) on the held-out seeds: the floor a
+    suite normalises by (:mod:`metarl.evolve.suite_verdicts`)."""
+    def train() -> ObjectiveResult:
+        # PPO's own losses under Adam: at learning rate 0 nothing moves (a learned
+        # optimiser might ignore the rate), so the row is the environment's alone
+        ppo = make_objective("ppo")
+        hypers = untrained_hypers(build_learner(inner, ppo))
+        return evaluate_objective(ppo, ppo.init(jax.random.PRNGKey(0)), inner,
+                                  config.fitness, seeds, eval_seed, UNTRAINED, hypers=hypers)
+
+    row = store.get(("untrained", inner, _config_part(config), seeds, eval_seed), train,
+                    _row_payload, lambda payload: ObjectiveResult(**payload))
+    return dataclasses.replace(row, env_id=label)
 
 
 def _search_start(objective, config: ExperimentConfig):
@@ -575,17 +621,17 @@ def evaluate_runs(run_dirs: Sequence[str | Path], **options) -> list[dict[str, A
     evaluated on one held-out root: without ``eval_seed``, the first run's (a fresh root
     avoids the roots every run given, and those of ``avoid_roots_of``, used). Returns the
     reports in the order of ``run_dirs``."""
-    trained_baselines: dict[str, Any] = {}
+    store = options.pop("store", None) or TrainingStore()
     run_dirs = list(run_dirs)
     avoid = list(options.pop("avoid_roots_of", ()))
     if options.get("eval_seed") is None and run_dirs:
         # one held-out root for all: the first run's, fresh for every run given
-        first = evaluate_run(run_dirs[0], baseline_cache=trained_baselines,
+        first = evaluate_run(run_dirs[0], store=store,
                              avoid_roots_of=[*run_dirs[1:], *avoid], **options)
         options = {**options, "eval_seed": first["eval_seed"]}
-        return [first, *(evaluate_run(run_dir, baseline_cache=trained_baselines, **options)
+        return [first, *(evaluate_run(run_dir, store=store, **options)
                          for run_dir in run_dirs[1:])]
-    return [evaluate_run(run_dir, baseline_cache=trained_baselines, **options)
+    return [evaluate_run(run_dir, store=store, **options)
             for run_dir in run_dirs]
 
 
@@ -597,27 +643,24 @@ def _evaluate_baseline(name: str, inner, fitness: FitnessConfig, seeds: int,
                               seeds, eval_seed, name)
 
 
-def _reused(cache: dict[str, Any] | None, key: tuple, compute):
-    """``compute()``, kept in ``cache`` under ``key`` and found there the next time.
+def _row_payload(row: ObjectiveResult) -> dict[str, Any]:
+    return dataclasses.asdict(row)
 
-    ``key`` names everything the result depends on: an experiment config in it stands for
-    what of it a baseline's training reads (the fitness metric, chunking and sharding), an
-    ``[inner]`` table for all its fields."""
-    if cache is None:
-        return compute()
 
-    def plain(part):
-        if isinstance(part, ExperimentConfig):
-            return {"fitness": [part.fitness.metric, part.fitness.final_fraction],
-                    "chunk_size": part.run.chunk_size, "shard": part.run.shard}
-        if dataclasses.is_dataclass(part) and not isinstance(part, type):
-            return inner_to_dict(part)
-        return part
+def _tuned_payload(pair) -> dict[str, Any]:
+    record, row = pair
+    return {"record": record, "row": dataclasses.asdict(row)}
 
-    name = json.dumps([plain(part) for part in key], sort_keys=True, default=repr)
-    if name not in cache:
-        cache[name] = compute()
-    return cache[name]
+
+def _tuned_pair(payload) -> tuple[dict[str, Any], ObjectiveResult]:
+    return payload["record"], ObjectiveResult(**payload["row"])
+
+
+def _config_part(config: ExperimentConfig) -> dict[str, Any]:
+    """What of an experiment config a baseline's training reads: the fitness metric,
+    chunking and sharding."""
+    return {"fitness": [config.fitness.metric, config.fitness.final_fraction],
+            "chunk_size": config.run.chunk_size, "shard": config.run.shard}
 
 
 def check_across(across: Mapping[str, Sequence[float]] | None, inners, objective
@@ -828,8 +871,10 @@ def _held_out_root(run_dir: Path, spec: Mapping[str, Any], eval_seed: int | None
 
 def format_report(report: dict[str, Any]) -> str:
     """:func:`format_table`, then the setting each objective was tuned to (a tuned
-    evaluation) and the declared baselines left out of the report, with the reason."""
-    parts = [format_table(report), tuning.format_tuning(report), format_across(report)]
+    evaluation), the cross-environment verdicts of a suite, and the declared baselines
+    left out of the report, with the reason."""
+    parts = [format_table(report), tuning.format_tuning(report), format_across(report),
+             format_suite(report) if report.get("suite") else ""]
     left_out = report.get("not_reported") or {}
     if left_out:
         parts.append("not reported: " + "; ".join(f"{name} ({reason})"
@@ -911,12 +956,3 @@ def held_out_seeds_line(report: Mapping[str, Any]) -> str:
     root = report.get("eval_seed", spec.get("eval_seed"))
     return (f"held-out seeds: {seeds} per objective and task, keys split from root "
             f"{root if root is not None else 'unrecorded'}")
-
-
-def text_table(rows: list[tuple[str, ...]]) -> str:
-    """``rows`` (the first a header) as aligned columns, a rule under the header."""
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
-             for row in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)

@@ -60,7 +60,8 @@ from inner_loops.population import check_population_memory
 from metarl import distributed
 from metarl.evolve.compare import Comparison, pooled_verdicts, summarise_run, verdicts
 from metarl.evolve.config import ExperimentConfig, config_from_dict
-from metarl.evolve.evaluate import SEEN_MARK, SEEN_NOTE, evaluate_runs, text_table
+from metarl.evolve.evaluate import SEEN_MARK, SEEN_NOTE, evaluate_runs
+from metarl.evolve.judging import text_table
 from metarl.evolve.generation import Evolution, EvolutionState
 from metarl.evolve.kind import RUN_KIND, EvolveProgram, RunResult
 from metarl.objectives.sources import with_source_folder

@@ -1,0 +1,39 @@
+"""What every judgement of an objective shares: the names of its rows, which rows are
+judged against which, and the plain-text tables reports print."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+__all__ = ["EVOLVED", "START", "TUNED", "comparison_pairs", "text_table"]
+
+EVOLVED = "evolved"
+START = "start"  # the search's starting point (``start=True``)
+TUNED = " (tuned)"
+
+
+def comparison_pairs(objectives: Sequence[str]) -> list[tuple[str, str]]:
+    """Which objectives evaluated on one environment are judged against which:
+    ``(evolved, baseline)`` pairs, in the order the objectives come.
+
+    ``"evolved"`` against every other objective whose name does not end in ``" (tuned)"``,
+    and, when there is an ``"evolved (tuned)"``, that one against every other objective
+    whose name ends in ``" (tuned)"`` (each tuned with the same budget)."""
+    names = list(dict.fromkeys(objectives))
+    pairs = []
+    if EVOLVED in names:
+        pairs += [(EVOLVED, name) for name in names
+                  if name != EVOLVED and not name.endswith(TUNED)]
+    tuned = EVOLVED + TUNED
+    if tuned in names:
+        pairs += [(tuned, name) for name in names if name != tuned and name.endswith(TUNED)]
+    return pairs
+
+
+def text_table(rows: list[tuple[str, ...]]) -> str:
+    """``rows`` (the first a header) as aligned columns, a rule under the header."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+             for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)

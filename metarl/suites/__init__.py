@@ -1,0 +1,70 @@
+"""Suites: named, versioned lists of environments to judge a discovery where it was not found.
+
+A :class:`Suite` holds a meta-train side and a meta-test side, each a tuple of
+:class:`SuiteTask`: an ``[inner]`` table (environment, its parameters and the algorithm's
+settings under which PPO is known to learn there) and the source of those settings. An
+experiment can take a suite in place of its tasks (``suite = "minatar"``: the meta-train
+side becomes its ``[[inner]]`` tasks, the meta-test side its ``[[held_out]]`` ones), and
+``metarl evaluate RUN --suite NAME`` judges a run or an exported objective on every
+environment of a suite (:mod:`metarl.evolve.suite_verdicts`).
+
+Shipped suites (one module each): ``classic`` (gymnax classic control and bsuite, sized for
+a CPU, budgets calibrated below each environment's ceiling), ``minatar`` (DiscoGen's split
+at PureJaxRL's MinAtar settings) and ``brax`` (locomotion, GPU-sized). Add one with
+:func:`register_suite`; a suite's ``version`` changes whenever its tasks or settings do, so
+records name exactly what they were judged on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from metarl.config import ConfigError
+from metarl.suites.base import Suite, SuiteTask, register_suite, registered
+
+__all__ = ["Suite", "SuiteTask", "available_suites", "get_suite", "register_suite",
+           "suite_experiment_tasks"]
+
+
+def _load_shipped() -> None:
+    from metarl.suites import brax, classic, minatar  # noqa: F401  (they register)
+
+
+def available_suites() -> list[str]:
+    """The registered suites' names, sorted."""
+    _load_shipped()
+    return sorted(registered())
+
+
+def get_suite(name: str) -> Suite:
+    """The suite ``name``; an unknown name is refused with the known ones."""
+    _load_shipped()
+    if not isinstance(name, str) or name not in registered():
+        raise ConfigError(f"suite: unknown {name!r}; known suites: "
+                          f"{', '.join(sorted(registered()))} (metarl suites lists them)")
+    return registered()[name]
+
+
+def suite_experiment_tasks(value: Any) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """An experiment's ``suite`` entry as its ``([[inner]], [[held_out]])`` configs.
+
+    ``value`` is a suite's name, or a table ``{name = "...", settings = {...}}`` whose
+    ``settings`` (``[inner]`` field -> value, e.g. a smaller ``total_timesteps`` for a
+    smoke run) apply to every task of both sides."""
+    if isinstance(value, str):
+        name, settings = value, {}
+    elif isinstance(value, Mapping):
+        unknown = set(value) - {"name", "settings"}
+        if unknown or "name" not in value:
+            raise ConfigError(f"suite: expected a suite's name or a table with name and "
+                              f"settings, got {dict(value)!r}")
+        name, settings = value["name"], value.get("settings", {})
+        if not isinstance(settings, Mapping):
+            raise ConfigError(f"suite.settings: expected a table, got {settings!r}")
+    else:
+        raise ConfigError(f"suite: expected a suite's name, got {value!r}")
+    suite = get_suite(name)
+    suite.check_installed()
+    return (tuple(task.config(settings) for task in suite.train),
+            tuple(task.config(settings) for task in suite.test))
