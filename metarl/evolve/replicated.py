@@ -61,8 +61,8 @@ from metarl import distributed
 from metarl.evolve.compare import Comparison, pooled_verdicts, summarise_run, verdicts
 from metarl.evolve.config import ExperimentConfig, config_from_dict
 from metarl.evolve.evaluate import SEEN_MARK, SEEN_NOTE, evaluate_runs
-from metarl.evolve.judging import text_table
 from metarl.evolve.generation import Evolution, EvolutionState
+from metarl.evolve.judging import text_table
 from metarl.evolve.kind import RUN_KIND, EvolveProgram, RunResult
 from metarl.objectives.sources import with_source_folder
 from metarl.programs import program_key, shared_program
