@@ -48,7 +48,7 @@ from metarl.evolve.fitness import run_is_valid, run_return
 from metarl.evolve.generation import build_learner, search_start
 from metarl.evolve.judging import EVOLVED, START, comparison_pairs, text_table
 from metarl.evolve.metagradient import metagradient_start
-from metarl.evolve.store import TrainingStore
+from metarl.evolve.store import TrainingStore, params_digest
 from metarl.evolve.suite_verdicts import (
     UNTRAINED,
     format_suite,
@@ -416,21 +416,39 @@ def evaluate_run(run_dir: str | Path, env_ids: list[str] | None = None, seeds: i
     seen_by = [i for i in used_eval_seeds(run_dir, DEFAULT_EVAL_SEED).get(eval_seed, [])
                if same is None or i != same["id"]]
 
+    # every training of the plan goes through the store, keyed by what determines it: a
+    # learned objective by its config and a digest of its meta-parameters, so a stopped
+    # evaluation asked again resumes with what it had trained
+    digests = {name: params_digest(params) for name, params in learned.items()}
+
+    def stored(kind: str, name: str, parts: tuple, compute, encode=_row_payload,
+               decode=lambda payload: ObjectiveResult(**payload)):
+        identity = (("learned", name, config.objective, digests[name]) if name in learned
+                    else ("baseline", name))
+        return store.get((kind, identity, *parts, _config_part(config)), compute, encode,
+                         decode)
+
+    def trained_as(name: str):
+        """``(objective, meta-parameters)`` a row named ``name`` trains with."""
+        if name in learned:
+            return objective, learned[name]
+        return make_objective(name), None
+
     def compute() -> dict[str, Any]:
         results, tuned, records, untrained = [], [], {}, {}
-        for task, inner in tasks.items():
+        for task, inner in _over_environments(tasks):
             if chosen_suite is not None:
                 untrained[task] = _untrained(inner, config, seeds, eval_seed, task,
                                              store).__dict__
-            rows = [evaluate_objective(objective, params, inner, config.fitness, seeds,
-                                       eval_seed, name, label=task)
-                    for name, params in learned.items()]
-            for name in baselines:
-                row = store.get(("held out", name, inner, _config_part(config), seeds,
-                                 eval_seed),
-                                lambda name=name, inner=inner: _evaluate_baseline(
-                                    name, inner, config.fitness, seeds, eval_seed),
-                                _row_payload, lambda payload: ObjectiveResult(**payload))
+            rows = []
+            for name in (*learned, *baselines):
+                def train_row(name=name, inner=inner):
+                    trained, params = trained_as(name)
+                    if params is None:
+                        params = trained.init(jax.random.PRNGKey(0))
+                    return evaluate_objective(trained, params, inner, config.fitness, seeds,
+                                              eval_seed, name)
+                row = stored("held out", name, (inner, seeds, eval_seed), train_row)
                 rows.append(dataclasses.replace(row, env_id=task))
             results += rows
             for label, table in formulas.items():
@@ -444,10 +462,9 @@ def evaluate_run(run_dir: str | Path, env_ids: list[str] | None = None, seeds: i
                     def search_it(plan=plan, inner=inner):
                         return _tune(plan, objective, learned.get(plan.objective), inner,
                                      config, tune_seeds, tune_seed, tune_by, tune_rounds)
-                    searched[plan.objective] = (
-                        search_it() if plan.objective in learned else store.get(
-                            ("tuned", plan, inner, _config_part(config), tune_seeds,
-                             tune_seed, tune_by, tune_rounds), search_it))
+                    searched[plan.objective] = stored(
+                        "tuned", plan.objective, (plan, inner, tune_seeds, tune_seed, tune_by,
+                                                  tune_rounds), search_it, dict, dict)
                 # equal budget: every objective gets as many settings as the one with most
                 count = max(record["budget"]["settings"] for record in searched.values())
                 records[task] = {}
@@ -459,10 +476,10 @@ def evaluate_run(run_dir: str | Path, env_ids: list[str] | None = None, seeds: i
                                           params, inner, config, tune_seeds, tune_seed)
                         return _evaluate_tuned(plan, record, row, objective, params, inner,
                                                config, seeds, eval_seed, task)
-                    record, tuned_row = (finish() if plan.objective in learned else store.get(
-                        ("tuned held out", plan, inner, _config_part(config), seeds,
-                         eval_seed, tune_seeds, tune_seed, tune_by, tune_rounds, count),
-                        finish, _tuned_payload, _tuned_pair))
+                    record, tuned_row = stored(
+                        "tuned held out", plan.objective,
+                        (plan, inner, seeds, eval_seed, tune_seeds, tune_seed, tune_by,
+                         tune_rounds, count), finish, _tuned_payload, _tuned_pair)
                     records[task][plan.objective] = record
                     tuned.append(dataclasses.replace(tuned_row, env_id=task))
         results += tuned
@@ -485,9 +502,9 @@ def evaluate_run(run_dir: str | Path, env_ids: list[str] | None = None, seeds: i
                             baseline, baseline.init(jax.random.PRNGKey(0)), inner,
                             config.fitness, axis, seeds, eval_seed, config.run.chunk_size,
                             mesh)
-                    curves[name] = store.get(("across", name, inner, _config_part(config),
-                                              axis.name, axis.values, seeds, eval_seed),
-                                             across_it)
+                    curves[name] = stored("across", name, (inner, axis.name, axis.values,
+                                                           seeds, eval_seed),
+                                          across_it, list, list)
                 section["environments"][task] = curves
         try:
             generation = read_metrics(run_dir)[-1]["generation"]
@@ -525,6 +542,16 @@ def evaluate_run(run_dir: str | Path, env_ids: list[str] | None = None, seeds: i
     if report.get("suite"):
         report["suite_figure"] = str(save_suite_figure(run_dir, report, config.name))
     return report
+
+
+def _over_environments(tasks: Mapping[str, Any]):
+    """``tasks.items()``, with a progress bar on a terminal when there are several."""
+    if len(tasks) < 2:
+        return tasks.items()
+    from tqdm.auto import tqdm
+
+    return tqdm(tasks.items(), total=len(tasks), desc="environments", unit="env",
+                leave=False, disable=None)
 
 
 def _suite_of(name: str | None, env_ids, total_timesteps, config: ExperimentConfig):
@@ -633,14 +660,6 @@ def evaluate_runs(run_dirs: Sequence[str | Path], **options) -> list[dict[str, A
                          for run_dir in run_dirs[1:])]
     return [evaluate_run(run_dir, store=store, **options)
             for run_dir in run_dirs]
-
-
-def _evaluate_baseline(name: str, inner, fitness: FitnessConfig, seeds: int,
-                       eval_seed: int) -> ObjectiveResult:
-    """The held-out row of the fixed objective ``name`` at its own initialisation."""
-    baseline = make_objective(name)
-    return evaluate_objective(baseline, baseline.init(jax.random.PRNGKey(0)), inner, fitness,
-                              seeds, eval_seed, name)
 
 
 def _row_payload(row: ObjectiveResult) -> dict[str, Any]:

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["CODE_SOURCES", "STORE_FORMAT", "TrainingStore", "code_version", "default_directory",
-           "key_of"]
+           "key_of", "params_digest"]
 
 STORE_FORMAT = 1
 # the source whose change changes what a stored training holds: the algorithms, the
@@ -95,6 +95,20 @@ def key_of(parts: Sequence[Any]) -> tuple[str, list[Any]]:
     text = json.dumps({"parts": plain, "code": code_version(), "format": STORE_FORMAT},
                       sort_keys=True, default=repr)
     return hashlib.sha256(text.encode()).hexdigest(), plain
+
+
+def params_digest(tree: Any) -> str:
+    """SHA-256 of a pytree of arrays (meta-parameters): every leaf's path, dtype, shape
+    and bytes, in the tree's order."""
+    import jax
+    import numpy as np
+
+    digest = hashlib.sha256()
+    for path, leaf in jax.tree_util.tree_leaves_with_path(tree):
+        array = np.asarray(leaf)
+        digest.update(f"{jax.tree_util.keystr(path)} {array.dtype} {array.shape}".encode())
+        digest.update(np.ascontiguousarray(array).tobytes())
+    return digest.hexdigest()
 
 
 def _payload_digest(payload: Any) -> str:
