@@ -50,6 +50,17 @@ def test_shipped_suites_split_as_published_and_name_their_sources():
             assert task.source and task.config().env_id == task.inner["env_id"]
 
 
+def test_the_minatar_split_experiment_trains_on_one_side_and_holds_out_the_other():
+    from metarl.kinds import load_experiment
+
+    config = load_experiment("lpo_minatar_split", ["suite.settings.num_envs=4"])
+    assert config.task_labels == ("Breakout-MinAtar", "Freeway-MinAtar")
+    assert config.held_out_labels == ("Asterix-MinAtar", "SpaceInvaders-MinAtar")
+    assert {inner.num_envs for inner in config.inner + config.held_out} == {4}
+    with pytest.raises(ConfigError, match="use suite.settings"):
+        load_experiment("lpo_minatar_split", ["inner.num_envs=4"])
+
+
 def test_an_unknown_suite_is_refused_with_the_known_ones():
     with pytest.raises(ConfigError, match="unknown 'nope'.*classic"):
         get_suite("nope")

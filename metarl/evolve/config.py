@@ -684,7 +684,9 @@ def config_from_dict(data: dict[str, Any]) -> ExperimentConfig:
         taken = [table for table in ("inner", "held_out") if table in data]
         if taken:
             raise ConfigError(f"suite: takes the place of [[inner]] and [[held_out]]; this "
-                              f"experiment also has {', '.join(taken)}: give one or the other")
+                              f"experiment also has {', '.join(taken)}: give one or the other "
+                              "(to change every task's settings, use suite.settings, e.g. "
+                              "--set suite.settings.total_timesteps=100000)")
         from metarl.suites import suite_experiment_tasks
 
         kwargs["inner"], kwargs["held_out"] = suite_experiment_tasks(data.pop("suite"))
