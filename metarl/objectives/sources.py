@@ -29,6 +29,8 @@ import sys
 import warnings
 from pathlib import Path
 
+from metarl.plugins import load_group, one_line, reload_groups
+
 ENTRY_POINT_GROUP = "metarl.objectives"
 SOURCE_DIR = "objective_source"  # where a run directory keeps a copy of a .py objective
 FILE_MODULE_PREFIX = "_metarl_objective_file"
@@ -63,11 +65,6 @@ def file_module_name(path: str | Path, sha256: str) -> str:
     return f"{FILE_MODULE_PREFIX}_{stem}_{sha256[:16]}"
 
 
-def _one_line(error: BaseException) -> str:
-    text = " ".join(str(error).split())
-    return f"{type(error).__name__}: {text}" if text else type(error).__name__
-
-
 def import_objective_module(module: str, folder: str | Path | None = None,
                             sha256: str | None = None) -> str:
     """Import the module ``module`` names so that it registers its objectives; returns the
@@ -89,7 +86,7 @@ def import_objective_module(module: str, folder: str | Path | None = None,
             importlib.import_module(module)
         except Exception as error:  # any failure of the user's module: reported, not raised
             raise ObjectiveSourceError(f"importing module {module!r} failed "
-                                       f"({_one_line(error)})") from error
+                                       f"({one_line(error)})") from error
         return module
     path = source_path(module, folder)
     if sha256 is not None and file_module_name(path, sha256) in sys.modules:
@@ -125,7 +122,7 @@ def _exec_file(name: str, path: Path) -> None:
         spec.loader.exec_module(loaded)
     except Exception as error:  # a broken user file: reported in one line
         del sys.modules[name]
-        raise ObjectiveSourceError(f"importing {path} failed ({_one_line(error)})") from error
+        raise ObjectiveSourceError(f"importing {path} failed ({one_line(error)})") from error
 
 
 def recorded_source(module: str, folder: str | Path | None) -> tuple[str, str, Path]:
@@ -150,35 +147,15 @@ def with_source_folder(data: dict, folder: str | Path) -> dict:
     return {**data, "objective": {**objective, "base_dir": str(Path(folder).absolute())}}
 
 
-_ENTRY_POINTS_LOADED = False
-
-
 def load_entry_points() -> None:
-    """Load, once per process, every entry point of the group ``metarl.objectives``: a
-    module is imported, a callable (``module:function``) called, so that each registers
-    its objectives. A plugin that fails gives one warning naming it and is skipped."""
-    global _ENTRY_POINTS_LOADED
-    if _ENTRY_POINTS_LOADED:
-        return
-    _ENTRY_POINTS_LOADED = True
-    for entry_point in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
-        try:
-            loaded = entry_point.load()
-            if entry_point.attr is not None and callable(loaded):
-                loaded()
-        except Exception as error:  # a broken plugin must not stop the others or the run
-            distribution = getattr(entry_point.dist, "name", None) or "an installed package"
-            warnings.warn(f"objective plugin {entry_point.name!r} ({entry_point.value}, from "
-                          f"{distribution}) failed to load and is skipped: "
-                          f"{_one_line(error)}", UserWarning, stacklevel=2)
+    """Load, once per process, every entry point of the group ``metarl.objectives``
+    (:func:`metarl.plugins.load_group`) so that each registers its objectives."""
+    load_group(ENTRY_POINT_GROUP, "objective")
 
 
 def reload_entry_points() -> None:
-    """Forget that the entry points were loaded: the next lookup loads them again (after a
-    package was installed into the running process, and for tests)."""
-    global _ENTRY_POINTS_LOADED
-    _ENTRY_POINTS_LOADED = False
-    importlib.invalidate_caches()
+    """Forget that the entry points were loaded (:func:`metarl.plugins.reload_groups`)."""
+    reload_groups()
 
 
 WHAT_TO_DO = ("put its module's folder on PYTHONPATH, install the package that defines it, "

@@ -21,14 +21,22 @@ from collections.abc import Mapping
 from typing import Any
 
 from metarl.config import ConfigError
+from metarl.plugins import load_group
 from metarl.suites.base import Suite, SuiteTask, register_suite, registered
 
 __all__ = ["Suite", "SuiteTask", "available_suites", "get_suite", "register_suite",
            "suite_experiment_tasks"]
 
 
+ENTRY_POINT_GROUP = "metarl.suites"
+
+
 def _load_shipped() -> None:
+    """The shipped suites, and those installed packages register through the entry-point
+    group ``metarl.suites`` (:mod:`metarl.plugins`)."""
     from metarl.suites import brax, classic, minatar  # noqa: F401  (they register)
+
+    load_group(ENTRY_POINT_GROUP, "suite")
 
 
 def available_suites() -> list[str]:

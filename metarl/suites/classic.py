@@ -31,19 +31,22 @@ SETTINGS = {
     "Acrobot-v1": (16, 32, 1.0, 50_000),
     "Pendulum-v1": (32, 16, 1.0, 100_000),
     "DeepSea-bsuite": (8, 32, 0.5, 50_000),
-    "DiscountingChain-bsuite": (8, 32, 0.5, 50_000),
+    "FourRooms-misc": (16, 32, 1.0, 50_000),
 }
+# gymnax-blines' FourRooms draws the start anew each episode
+ENV_PARAMS = {"FourRooms-misc": {"resample_init_pos": True}}
 TRAIN = ("CartPole-v1", "Catch-bsuite", "UmbrellaChain-bsuite")
-TEST = ("Acrobot-v1", "Pendulum-v1", "DeepSea-bsuite", "DiscountingChain-bsuite")
+TEST = ("Acrobot-v1", "Pendulum-v1", "DeepSea-bsuite", "FourRooms-misc")
 # the best return an episode can give (what calibration measures the room below)
 CEILINGS = {"CartPole-v1": 500.0, "Catch-bsuite": 1.0, "UmbrellaChain-bsuite": 1.0,
             "Acrobot-v1": -60.0, "Pendulum-v1": -120.0, "DeepSea-bsuite": 0.99,
-            "DiscountingChain-bsuite": 1.1}
+            "FourRooms-misc": 1.0}
 
 
 def _task(env_id: str) -> SuiteTask:
     envs, steps, grad_norm, budget = SETTINGS[env_id]
-    return SuiteTask(env_id, {"env_id": env_id, "num_envs": envs, "num_steps": steps,
+    return SuiteTask(env_id, {"env_id": env_id, "env_params": ENV_PARAMS.get(env_id, {}),
+                              "num_envs": envs, "num_steps": steps,
                               "max_grad_norm": grad_norm, "total_timesteps": budget,
                               **COMMON},
                      SOURCE.format(env=env_id), ceiling=CEILINGS[env_id])
