@@ -1,0 +1,108 @@
+"""What judging one objective on a suite costs, from an empty store and from a full one.
+
+Judges a discovery (default: the shipped ``zoo:value_distance_blog``) on every environment
+of a suite (default ``classic``) against its tuned baselines (``metarl evaluate --suite
+NAME --tune``), twice: first with an empty training store, then, on a second copy of the
+run directory, with the store the first filled, so every baseline training is reused and
+only the discovery's own trainings are new. Targets on the 2-core CPU: at most 15 minutes
+from an empty store, at most a third of that with the baselines stored.
+
+    python benchmarks/suite_evaluation.py --out docs/results/suite_evaluation.json
+    python benchmarks/suite_evaluation.py --smoke --out /tmp/suite_smoke.json
+
+``--smoke`` judges on a two-environment suite of a few thousand steps with 4 seeds, to
+check the script end to end. Prints one JSON document (and writes it with ``--out``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+TARGET_EMPTY_SECONDS = 15 * 60
+TARGET_CACHED_FRACTION = 1 / 3
+SMOKE = {"num_envs": 4, "num_steps": 32, "total_timesteps": 2048, "hidden_sizes": [16],
+         "update_epochs": 2, "num_minibatches": 2}
+
+
+def _smoke_suite() -> str:
+    from metarl.suites import Suite, SuiteTask, register_suite
+
+    register_suite(Suite(
+        "smoke", 1, "two environments at a few thousand steps",
+        (SuiteTask("CartPole-v1", {"env_id": "CartPole-v1", **SMOKE}, "benchmark smoke"),),
+        (SuiteTask("Catch-bsuite", {"env_id": "Catch-bsuite", **SMOKE}, "benchmark smoke"),)))
+    return "smoke"
+
+
+def _judge(run_dir: Path, store_dir: Path, suite: str, seeds: int, tune: bool) -> dict:
+    from metarl.evolve.evaluate import evaluate_run
+    from metarl.evolve.store import TrainingStore
+
+    store = TrainingStore(store_dir)
+    started = time.perf_counter()
+    report = evaluate_run(run_dir, seeds=seeds, suite=suite, tune=tune, store=store)
+    seconds = time.perf_counter() - started
+    return {"seconds": round(seconds, 1), "store_hits": store.hits,
+            "store_misses": store.misses, "record": report["path"],
+            "pooled": report["suite"]["pooled"]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--discovery", default="zoo:value_distance_blog")
+    parser.add_argument("--suite", default="classic")
+    parser.add_argument("--seeds", type=int, default=16)
+    parser.add_argument("--no-tune", action="store_true")
+    parser.add_argument("--smoke", action="store_true")
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args(argv)
+
+    from metarl.discoveries.materialise import materialise
+
+    suite, seeds = (_smoke_suite(), 4) if args.smoke else (args.suite, args.seeds)
+    work = Path(tempfile.mkdtemp(prefix="suite-evaluation-"))
+    first, _ = materialise(args.discovery, work / "first")
+    second = work / "second"
+    shutil.copytree(first, second)
+    store_dir = work / "store"
+    load_before = os.getloadavg()
+    empty = _judge(first, store_dir, suite, seeds, not args.no_tune)
+    cached = _judge(second, store_dir, suite, seeds, not args.no_tune)
+    result = {
+        "benchmark": "suite_evaluation", "discovery": args.discovery, "suite": suite,
+        "seeds": seeds, "tune": not args.no_tune, "smoke": args.smoke,
+        "command": " ".join([sys.executable, *sys.argv]),
+        "empty_store": empty, "stored_baselines": cached,
+        "cached_fraction": round(cached["seconds"] / empty["seconds"], 3),
+        "targets": {"empty_store_seconds": TARGET_EMPTY_SECONDS,
+                    "cached_fraction": TARGET_CACHED_FRACTION},
+        "meets_targets": {
+            "empty_store": empty["seconds"] <= TARGET_EMPTY_SECONDS,
+            "stored_baselines": cached["seconds"] / empty["seconds"] <= TARGET_CACHED_FRACTION},
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
+                    "python": platform.python_version(),
+                    "load_average_before": [round(x, 2) for x in load_before],
+                    "load_average_after": [round(x, 2) for x in os.getloadavg()]},
+        "revision": subprocess.run(["git", "rev-parse", "--short", "HEAD"],
+                                   capture_output=True, text=True,
+                                   cwd=Path(__file__).parent).stdout.strip() or None,
+    }
+    text = json.dumps(result, indent=1)
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+    shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
