@@ -23,8 +23,9 @@ from _evaluation_run import write_run
 
 from metarl.cli import main
 from metarl.config import ConfigError
+from metarl.evolve.across import across_figure_path
 from metarl.evolve.config import FitnessConfig, config_from_dict
-from metarl.evolve.evaluate import across_figure_path, evaluate_run
+from metarl.evolve.evaluate import evaluate_run
 from metarl.evolve.fitness import (
     HYPERPARAMETER_STREAM,
     combine_fitness,

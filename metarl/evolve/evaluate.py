@@ -37,11 +37,11 @@ from typing import Any
 import jax
 import numpy as np
 
-from inner_loops.population import broadcast_to_population
 from inner_loops.registry import algorithm_of
 from metarl.config import ConfigError
 from metarl.curves import CURVE_UPDATES, compact_curves
 from metarl.evolve import tuning
+from metarl.evolve.across import check_across, evaluate_across, format_across, save_across_figure
 from metarl.evolve.config import ExperimentConfig, FitnessConfig, config_from_dict
 from metarl.evolve.distill import distilled_objective
 from metarl.evolve.fitness import run_is_valid, run_return
@@ -72,7 +72,7 @@ from metarl.runs.evaluations import (
     saved_evaluation,
     used_eval_seeds,
 )
-from metarl.runs.layout import PLOTS_DIR, RunError, read_metrics
+from metarl.runs.layout import RunError, read_metrics
 from metarl.runs.meta_params import CANDIDATE_FILES, load_meta_params, meta_params_sha256
 from metarl.sharding import population_mesh
 from metarl.stats import (
@@ -86,15 +86,11 @@ from metarl.stats import (
     verdict,
 )
 from metarl.suites import get_suite
-from metarl.sweep import GridAxis, check_grid, sweep_population, train_sweep
 
-__all__ = ["SEEN_MARK", "SEEN_NOTE", "ObjectiveResult", "across_figure_path", "check_across",
-           "default_baselines", "environment_statistics", "evaluate_across",
-           "evaluate_objective", "evaluate_run", "format_across", "format_table",
-           "held_out_seeds_line",
-           "held_out_scores", "judge", "save_across_figure"]
+__all__ = ["SEEN_MARK", "SEEN_NOTE", "ObjectiveResult", "default_baselines",
+           "environment_statistics", "evaluate_objective", "evaluate_run", "format_table",
+           "held_out_scores", "held_out_seeds_line", "judge"]
 DEFAULT_EVAL_SEED = 10_007
-ACROSS_STATISTICS = ("iqm", "mean")  # what a point of an evaluation across a knob keeps
 SEEN_MARK = " *"  # after a verdict judged on held-out seeds an earlier evaluation used
 SEEN_NOTE = ("judged on seen seeds: earlier evaluations already used these held-out seeds, "
              "so this verdict is no fresh test")
@@ -682,87 +678,6 @@ def _config_part(config: ExperimentConfig) -> dict[str, Any]:
             "chunk_size": config.run.chunk_size, "shard": config.run.shard}
 
 
-def check_across(across: Mapping[str, Sequence[float]] | None, inners, objective
-                 ) -> GridAxis | None:
-    """``across`` as a :class:`~metarl.sweep.GridAxis` (``None`` when not given), checked
-    before anything trains: one knob, a traced hyperparameter of every environment's
-    algorithm, at least 2 distinct finite values that its config accepts. Errors name
-    ``across``."""
-    if not across:
-        return None
-    if not isinstance(across, Mapping) or len(across) != 1:
-        raise ConfigError(f"across: expected one knob -> values, e.g. "
-                          f"{{'learning_rate': [1e-4, 3e-4, 1e-3]}}; got {across!r}")
-    (name, values), = across.items()
-    name = str(name).removeprefix("inner.")
-    if isinstance(values, str | bytes) or not isinstance(values, Sequence):
-        raise ConfigError(f"across {name}: expected a list of numbers, got {values!r}")
-    if any(isinstance(v, bool) or not isinstance(v, int | float) or not np.isfinite(v)
-           for v in values):
-        raise ConfigError(f"across {name}: expected finite numbers, got {list(values)}")
-    if len(values) < 2 or len(set(values)) != len(values):
-        raise ConfigError(f"across {name}: give at least 2 distinct values, got "
-                          f"{list(values)}")
-    axis = GridAxis(name, tuple(float(v) for v in values))
-    for inner in inners:  # the traced fields are the algorithm's, whatever the objective
-        try:
-            check_grid(inner, build_learner(inner, objective), [axis])
-        except ConfigError as error:
-            raise ConfigError("across " + str(error).removeprefix("--grid ")) from None
-    return axis
-
-
-def evaluate_across(objective, meta_params, inner, fitness: FitnessConfig, axis: GridAxis,
-                    seeds: int, eval_seed: int, chunk_size="auto", mesh=None
-                    ) -> list[dict[str, Any]]:
-    """Train ``objective`` at every value of ``axis`` on the ``seeds`` held-out seeds (the
-    keys :func:`evaluate_objective` uses), all values x seeds as one vmapped program
-    (:func:`metarl.sweep.train_sweep`: chunked by ``chunk_size``, sharded over ``mesh``).
-
-    Returns one point per value, in the order given: ``value``, the seeds' ``returns``
-    (NaN where training diverged), ``invalid`` and, per statistic of
-    :data:`ACROSS_STATISTICS`, ``{"value", "low", "high"}`` with a 95% bootstrap interval
-    (:func:`metarl.stats.aggregate`)."""
-    learner = build_learner(inner, objective)
-    settings, keys, hypers = sweep_population(learner, [axis], seeds, eval_seed)
-    members = len(settings) * seeds
-    trained = train_sweep(learner, keys, hypers, fitness,
-                          broadcast_to_population(meta_params, members), chunk_size, mesh)
-    returns = np.where(trained["valid"], trained["returns"], np.nan)
-    points = []
-    for index, value in enumerate(axis.values):
-        scores = returns[index * seeds:(index + 1) * seeds]
-        points.append({
-            "value": value,
-            "returns": [None if np.isnan(r) else float(r) for r in scores],
-            "invalid": int(np.isnan(scores).sum()),
-            **{statistic: aggregate(scores, statistic).to_dict()
-               for statistic in ACROSS_STATISTICS},
-        })
-    return points
-
-
-def across_figure_path(run_dir: str | Path, record_id: Any) -> Path:
-    """Where the figure of evaluation ``record_id``'s ``across`` section is saved."""
-    return Path(run_dir) / PLOTS_DIR / f"across_{record_id}.png"
-
-
-def save_across_figure(run_dir: str | Path, report: Mapping[str, Any], run_name: str
-                       ) -> Path:
-    """Draw ``report``'s ``across`` section (:func:`metarl.figures.records.plot_across`)
-    into :func:`across_figure_path` and return the path."""
-    from metarl.figures.records import plot_across
-    from metarl.figures.style import save_png
-
-    path = across_figure_path(run_dir, report["id"])
-    path.parent.mkdir(exist_ok=True)
-    section = report["across"]
-    fig = plot_across(section, title=f"{run_name}: held-out {section['metric']} across "
-                                     f"{section['knob']}\n(evaluation {report['id']}, "
-                                     f"{section['seeds']} seeds per value)")
-    return save_png(fig, path)
-
-
 def _not_reported(objective_name: str, baselines: list[str], inner) -> dict[str, str]:
     """Each baseline ``objective_name`` declares that is not evaluated, and why."""
     left_out = {}
@@ -899,24 +814,6 @@ def format_report(report: dict[str, Any]) -> str:
         parts.append("not reported: " + "; ".join(f"{name} ({reason})"
                                                   for name, reason in left_out.items()))
     return "\n".join(part for part in parts if part)
-
-
-def format_across(report: Mapping[str, Any]) -> str:
-    """The ``across`` section of an evaluation as a table: per environment and objective,
-    the IQM and its 95% interval at each value of the knob (empty without one)."""
-    section = report.get("across")
-    if not section:
-        return ""
-    values = section["values"]
-    rows = [("environment", "objective", *[f"{section['knob']}={v:g}" for v in values])]
-    for env_id, curves in section["environments"].items():
-        for name, points in curves.items():
-            by_value = {point["value"]: point["iqm"] for point in points}
-            rows.append((env_id, name, *[
-                f"{by_value[v]['value']:.2f} [{by_value[v]['low']:.2f}, "
-                f"{by_value[v]['high']:.2f}]" for v in values]))
-    return (f"across {section['knob']}: {section['metric']} IQM [95% CI] over "
-            f"{section['seeds']} held-out seeds at each value\n" + text_table(rows))
 
 
 def format_table(report: dict[str, Any]) -> str:

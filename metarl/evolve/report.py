@@ -24,8 +24,8 @@ from pathlib import Path
 
 import jax
 
+from metarl.evolve.across import save_across_figure
 from metarl.evolve.config import config_from_dict
-from metarl.evolve.evaluate import save_across_figure
 from metarl.figures.records import plot_fitness, plot_learning_curves, plot_truncated_fitness
 from metarl.figures.style import save_png
 from metarl.objectives import get_objective
