@@ -10,8 +10,9 @@ from an empty store, at most a third of that with the baselines stored.
     python benchmarks/suite_evaluation.py --out docs/results/suite_evaluation.json
     python benchmarks/suite_evaluation.py --smoke --out /tmp/suite_smoke.json
 
-``--smoke`` judges on a two-environment suite of a few thousand steps with 4 seeds, to
-check the script end to end. Prints one JSON document (and writes it with ``--out``).
+``--smoke`` judges on a two-environment suite of a few thousand steps with 4 seeds, one
+baseline, 2 tuning seeds and one widening round, to check the script end to end. Prints one
+JSON document (and writes it with ``--out``).
 """
 
 from __future__ import annotations
@@ -43,13 +44,14 @@ def _smoke_suite() -> str:
     return "smoke"
 
 
-def _judge(run_dir: Path, store_dir: Path, suite: str, seeds: int, tune: bool) -> dict:
+def _judge(run_dir: Path, store_dir: Path, suite: str, seeds: int, tune: bool,
+           **options) -> dict:
     from metarl.evolve.evaluate import evaluate_run
     from metarl.evolve.store import TrainingStore
 
     store = TrainingStore(store_dir)
     started = time.perf_counter()
-    report = evaluate_run(run_dir, seeds=seeds, suite=suite, tune=tune, store=store)
+    report = evaluate_run(run_dir, seeds=seeds, suite=suite, tune=tune, store=store, **options)
     seconds = time.perf_counter() - started
     return {"seconds": round(seconds, 1), "store_hits": store.hits,
             "store_misses": store.misses, "record": report["path"],
@@ -69,14 +71,17 @@ def main(argv: list[str] | None = None) -> int:
     from metarl.discoveries.materialise import materialise
 
     suite, seeds = (_smoke_suite(), 4) if args.smoke else (args.suite, args.seeds)
+    # the smoke check: one baseline, 2 tuning seeds and one widening round
+    options = ({"baselines": ["l2"], "tune_seeds": 2, "tune_rounds": 1}
+               if args.smoke and not args.no_tune else {})
     work = Path(tempfile.mkdtemp(prefix="suite-evaluation-"))
     first, _ = materialise(args.discovery, work / "first")
     second = work / "second"
     shutil.copytree(first, second)
     store_dir = work / "store"
     load_before = os.getloadavg()
-    empty = _judge(first, store_dir, suite, seeds, not args.no_tune)
-    cached = _judge(second, store_dir, suite, seeds, not args.no_tune)
+    empty = _judge(first, store_dir, suite, seeds, not args.no_tune, **options)
+    cached = _judge(second, store_dir, suite, seeds, not args.no_tune, **options)
     result = {
         "benchmark": "suite_evaluation", "discovery": args.discovery, "suite": suite,
         "seeds": seeds, "tune": not args.no_tune, "smoke": args.smoke,

@@ -171,7 +171,7 @@ def run_sweep(config: ExperimentConfig, grid: list[GridAxis], seeds: int,
 
 
 def train_sweep(learner, keys, hypers, fitness, meta_params=None, chunk_size="auto",
-                mesh=None) -> dict[str, Any]:
+                mesh=None, programs: dict[int, Any] | None = None) -> dict[str, Any]:
     """Train the members of a sweep (:func:`sweep_population`) as one jitted program
     (chunked, and sharded over ``mesh``) and score them by ``fitness``'s metric.
 
@@ -183,6 +183,9 @@ def train_sweep(learner, keys, hypers, fitness, meta_params=None, chunk_size="au
         meta_params: ``None`` (the objective's own) or meta-parameters with a leading
             ``[P]`` axis.
         chunk_size, mesh: as :func:`metarl.sharding.train_population` takes them.
+        programs: compiled programs by member count, kept by the caller between calls
+            with the same learner, fitness, chunking and meta-parameter structure: a call
+            of a size compiled before reuses it (``compile_seconds`` 0).
 
     Returns ``{"curves": [P, U], "returns": [P], "valid": [P]}`` as NumPy arrays, with
     ``compile_seconds`` and ``train_seconds``. The jitted function is named
@@ -197,7 +200,13 @@ def train_sweep(learner, keys, hypers, fitness, meta_params=None, chunk_size="au
         return metrics["episode_return"], returns, run_is_valid(metrics, returns)
 
     started = time.perf_counter()
-    compiled = jax.jit(sweep_program).lower(keys, meta_params, hypers).compile()
+    members = int(keys.shape[0])
+    if programs is not None and members in programs:
+        compiled = programs[members]
+    else:
+        compiled = jax.jit(sweep_program).lower(keys, meta_params, hypers).compile()
+        if programs is not None:
+            programs[members] = compiled
     compile_seconds = time.perf_counter() - started
     started = time.perf_counter()
     curves, returns, valid = jax.device_get(compiled(keys, meta_params, hypers))

@@ -28,6 +28,7 @@ marks them as judged on seen seeds.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -428,7 +429,7 @@ def evaluate_run(run_dir: str | Path, env_ids: list[str] | None = None, seeds: i
         """``(objective, meta-parameters)`` a row named ``name`` trains with."""
         if name in learned:
             return objective, learned[name]
-        return make_objective(name), None
+        return fixed_objective(name), None
 
     def compute() -> dict[str, Any]:
         results, tuned, records, untrained = [], [], {}, {}
@@ -493,7 +494,7 @@ def evaluate_run(run_dir: str | Path, env_ids: list[str] | None = None, seeds: i
                                                    config.run.chunk_size, mesh)}
                 for name in baselines:
                     def across_it(name=name, inner=inner):
-                        baseline = make_objective(name)
+                        baseline = fixed_objective(name)
                         return evaluate_across(
                             baseline, baseline.init(jax.random.PRNGKey(0)), inner,
                             config.fitness, axis, seeds, eval_seed, config.run.chunk_size,
@@ -550,6 +551,14 @@ def _over_environments(tasks: Mapping[str, Any]):
                 leave=False, disable=None)
 
 
+@functools.cache
+def fixed_objective(name: str):
+    """The registered objective ``name`` at its default options, built once per process:
+    every training of a baseline then shares its compiled programs (its default and tuned
+    held-out rows, its tuning rounds and their balancing)."""
+    return make_objective(name)
+
+
 def _suite_of(name: str | None, env_ids, total_timesteps, config: ExperimentConfig):
     """The suite ``name`` (``None`` without one), checked against the other options and
     the run's objective before anything trains."""
@@ -577,7 +586,7 @@ def _untrained(inner, config, seeds: int, eval_seed: int, label: str,
     def train() -> ObjectiveResult:
         # PPO's own losses under Adam: at learning rate 0 nothing moves (a learned
         # optimiser might ignore the rate), so the row is the environment's alone
-        ppo = make_objective("ppo")
+        ppo = fixed_objective("ppo")
         hypers = untrained_hypers(build_learner(inner, ppo))
         return evaluate_objective(ppo, ppo.init(jax.random.PRNGKey(0)), inner,
                                   config.fitness, seeds, eval_seed, UNTRAINED, hypers=hypers)
@@ -731,7 +740,7 @@ def _tune(plan, objective, meta_params, inner, config, tune_seeds, tune_seed, tu
     """The tuning record of one objective on one environment, widened for up to
     ``tune_rounds`` rounds (:func:`metarl.evolve.tuning.tune_objective`)."""
     if plan.objective not in (EVOLVED, START):  # a baseline, at its own initialisation
-        objective, meta_params = make_objective(plan.objective), None
+        objective, meta_params = fixed_objective(plan.objective), None
     return tuning.tune_objective(plan, objective, inner, config.fitness, tune_seeds,
                                  tune_seed, meta_params, config.run.chunk_size, _mesh(config),
                                  tune_by, tune_rounds)
@@ -742,7 +751,7 @@ def _balance(plan, record, count, objective, meta_params, inner, config, tune_se
     """``record`` brought to ``count`` settings in all
     (:func:`metarl.evolve.tuning.balance_objective`), as a new dict."""
     if plan.objective not in (EVOLVED, START):
-        objective, meta_params = make_objective(plan.objective), None
+        objective, meta_params = fixed_objective(plan.objective), None
     return dict(tuning.balance_objective(plan, record, count, objective, inner,
                                          config.fitness, tune_seeds, tune_seed, meta_params,
                                          config.run.chunk_size, _mesh(config)))
@@ -756,7 +765,7 @@ def _evaluate_tuned(plan, record, default_row, objective, meta_params, inner, co
     same keys and settings)."""
     evolved = plan.objective in (EVOLVED, START)  # the run's objective, not a baseline
     if not evolved:
-        objective, meta_params = make_objective(plan.objective), None
+        objective, meta_params = fixed_objective(plan.objective), None
     learner = build_learner(inner, objective)
     hypers, options, is_default = tuning.chosen_values(plan, record, learner, plan.objective)
     name = f"{plan.objective} (tuned)"

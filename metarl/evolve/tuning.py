@@ -83,6 +83,7 @@ from metarl.config import ConfigError
 from metarl.evolve.generation import build_learner
 from metarl.objectives import get_objective, make_objective
 from metarl.objectives.registry import LEARNING_RATE
+from metarl.programs import shared_program
 from metarl.stats import point_estimate
 from metarl.sweep import GridAxis, SweepResult, check_grid, summarise_sweep, train_sweep
 
@@ -626,25 +627,39 @@ def _scorer(plan: TuningPlan, objective, inner, fitness, seeds: int, tune_seed: 
     learner = build_learner(inner, objective)
     knobs = {knob.name: knob for knob in plan.knobs}
     options = tuple(knob.name for knob in plan.knobs if knob.option)
+    # Compilation dominates on a CPU (a sweep compiles in seconds and trains in less), so
+    # every call is padded, with repeats of its first setting, to at least the declared
+    # grid's size and runs the program compiled for its size (kept for the process): the
+    # widening rounds and the balancing, which add fewer settings than the declared grid,
+    # compile nothing new. The padding depends only on the plan, so results do too.
+    programs: dict[int, Any] = shared_program(
+        ("tuning sweep", objective, inner, fitness.metric, fitness.final_fraction, seeds,
+         chunk_size, mesh), dict)
+    largest = [plan.settings]
 
     def score(declared: list[dict[str, float]]):
         settings = [{knob: knobs[knob].trained_value(value) for knob, value in setting.items()}
                     for setting in declared]
+        padded = settings + [settings[0]] * (largest[0] - len(settings))
         hypers = stack_hyperparams([
             learner.default_hypers._replace(**{k: jnp.float32(v) for k, v in setting.items()
                                                if k not in options})
-            for setting in settings for _ in range(seeds)])
-        keys = jnp.concatenate([tuning_keys(tune_seed, seeds)] * len(settings))
-        members = len(settings) * seeds
+            for setting in padded for _ in range(seeds)])
+        keys = jnp.concatenate([tuning_keys(tune_seed, seeds)] * len(padded))
+        members = len(padded) * seeds
         params = meta_params
         if options:
-            params = _option_meta_params(plan, objective, meta_params, settings, seeds)
+            params = _option_meta_params(plan, objective, meta_params, padded, seeds)
         elif meta_params is not None:
             params = broadcast_to_population(meta_params, members)
-        trained = train_sweep(learner, keys, hypers, fitness, params, chunk_size, mesh)
+        trained = train_sweep(learner, keys, hypers, fitness, params, chunk_size, mesh,
+                              programs)
         timing["compile_seconds"] += trained["compile_seconds"]
         timing["train_seconds"] += trained["train_seconds"]
-        return summarise_sweep(settings, seeds, trained)
+        kept = len(settings) * seeds
+        return summarise_sweep(settings, seeds, {
+            **trained, **{name: trained[name][:kept] for name in ("curves", "returns",
+                                                                   "valid")}})
 
     return score
 
