@@ -248,3 +248,27 @@ def test_the_command_line_passes_the_cap_and_finds_the_same_evaluation(widened, 
     assert f"keys split from root {widened['eval_seed']}" in out
     assert main(["evaluate", run_dir, *flags, "--tune-rounds", "-1"]) == 2
     assert "tune_rounds: expected a count of widening rounds" in capsys.readouterr().err
+
+
+def test_widening_rounds_and_balancing_reuse_one_compiled_sweep(compilations):
+    """Compilation dominates on a CPU: every round of one objective's search, and its
+    balancing, runs the program compiled for the declared grid (padded to its size)."""
+    from inner_loops import PPOConfig
+    from metarl.evolve.config import FitnessConfig
+    from metarl.evolve.tuning import balance_objective, objective_plan, tune_objective
+
+    inner = PPOConfig(num_envs=4, num_steps=16, total_timesteps=4 * 16 * 3, hidden_sizes=(8,),
+                      update_epochs=1, num_minibatches=1)  # a program no other test builds
+    plan = objective_plan("l2", inner, {"learning_rate": (0.01, 0.03), "vf_coef": (0.5,)})
+    objective = make_objective("l2")
+
+    def sweeps() -> int:
+        return sum("sweep_program" in name for _, name, _ in compilations.events)
+
+    before = sweeps()
+    record = tune_objective(plan, objective, inner, FitnessConfig(), 2, 5, rounds=2)
+    balanced = balance_objective(plan, record, record["budget"]["settings"] + 1, objective,
+                                 inner, FitnessConfig(), 2, 5)
+    assert record["widening"]["rounds"] >= 1  # two values: the choice is at an edge
+    assert balanced["budget"]["settings"] == record["budget"]["settings"] + 1
+    assert sweeps() - before == 1
