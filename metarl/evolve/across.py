@@ -14,8 +14,7 @@ from inner_loops.population import broadcast_to_population
 from metarl.config import ConfigError
 from metarl.evolve.config import FitnessConfig
 from metarl.evolve.generation import build_learner
-from metarl.evolve.judging import text_table
-from metarl.runs.layout import PLOTS_DIR
+from metarl.evolve.judging import evaluation_figure_path, save_evaluation_figure, text_table
 from metarl.stats import aggregate
 from metarl.sweep import GridAxis, check_grid, sweep_population, train_sweep
 
@@ -87,7 +86,7 @@ def evaluate_across(objective, meta_params, inner, fitness: FitnessConfig, axis:
 
 def across_figure_path(run_dir: str | Path, record_id: Any) -> Path:
     """Where the figure of evaluation ``record_id``'s ``across`` section is saved."""
-    return Path(run_dir) / PLOTS_DIR / f"across_{record_id}.png"
+    return evaluation_figure_path(run_dir, "across", record_id)
 
 
 def save_across_figure(run_dir: str | Path, report: Mapping[str, Any], run_name: str
@@ -95,15 +94,12 @@ def save_across_figure(run_dir: str | Path, report: Mapping[str, Any], run_name:
     """Draw ``report``'s ``across`` section (:func:`metarl.figures.records.plot_across`)
     into :func:`across_figure_path` and return the path."""
     from metarl.figures.records import plot_across
-    from metarl.figures.style import save_png
 
-    path = across_figure_path(run_dir, report["id"])
-    path.parent.mkdir(exist_ok=True)
     section = report["across"]
     fig = plot_across(section, title=f"{run_name}: held-out {section['metric']} across "
                                      f"{section['knob']}\n(evaluation {report['id']}, "
                                      f"{section['seeds']} seeds per value)")
-    return save_png(fig, path)
+    return save_evaluation_figure(fig, run_dir, "across", report["id"])
 
 
 def format_across(report: Mapping[str, Any]) -> str:

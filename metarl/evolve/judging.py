@@ -4,8 +4,11 @@ judged against which, and the plain-text tables reports print."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
 
-__all__ = ["EVOLVED", "START", "TUNED", "comparison_pairs", "text_table"]
+__all__ = ["EVOLVED", "START", "TUNED", "comparison_pairs", "evaluation_figure_path",
+           "save_evaluation_figure", "text_table"]
 
 EVOLVED = "evolved"
 START = "start"  # the search's starting point (``start=True``)
@@ -37,3 +40,20 @@ def text_table(rows: list[tuple[str, ...]]) -> str:
              for row in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
+
+
+def evaluation_figure_path(run_dir: str | Path, prefix: str, record_id: Any) -> Path:
+    """Where a figure of evaluation ``record_id`` is saved: ``plots/<prefix>_<id>.png``."""
+    from metarl.runs.layout import PLOTS_DIR
+
+    return Path(run_dir) / PLOTS_DIR / f"{prefix}_{record_id}.png"
+
+
+def save_evaluation_figure(fig, run_dir: str | Path, prefix: str, record_id: Any) -> Path:
+    """Save ``fig`` (a matplotlib figure) at :func:`evaluation_figure_path` as a palette
+    PNG and return the path."""
+    from metarl.figures.style import save_png
+
+    path = evaluation_figure_path(run_dir, prefix, record_id)
+    path.parent.mkdir(exist_ok=True)
+    return save_png(fig, path)

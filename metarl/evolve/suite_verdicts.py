@@ -34,7 +34,13 @@ from typing import Any
 
 import numpy as np
 
-from metarl.evolve.judging import TUNED, comparison_pairs, text_table
+from metarl.evolve.judging import (
+    TUNED,
+    comparison_pairs,
+    evaluation_figure_path,
+    save_evaluation_figure,
+    text_table,
+)
 from metarl.evolve.tuning import grid_edges
 from metarl.stats import (
     BETTER,
@@ -207,21 +213,16 @@ def format_suite(report: Mapping[str, Any]) -> str:
 
 def suite_figure_path(run_dir: str | Path, record_id: Any) -> Path:
     """Where the figure of evaluation ``record_id``'s ``suite`` section is saved."""
-    from metarl.runs.layout import PLOTS_DIR
-
-    return Path(run_dir) / PLOTS_DIR / f"suite_{record_id}.png"
+    return evaluation_figure_path(run_dir, "suite", record_id)
 
 
 def save_suite_figure(run_dir: str | Path, report: Mapping[str, Any], run_name: str) -> Path:
     """Draw ``report``'s ``suite`` section (:func:`metarl.figures.suites.plot_suite`) into
     :func:`suite_figure_path` and return the path."""
-    from metarl.figures.style import save_png
     from metarl.figures.suites import plot_suite
 
-    path = suite_figure_path(run_dir, report["id"])
-    path.parent.mkdir(exist_ok=True)
     section = report["suite"]
     fig = plot_suite(section, title=f"{run_name} on suite {section['name']} "
                                     f"v{section['version']} (evaluation {report['id']}, "
                                     f"{report['seeds']} seeds per environment)")
-    return save_png(fig, path)
+    return save_evaluation_figure(fig, run_dir, "suite", report["id"])

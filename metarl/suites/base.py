@@ -10,7 +10,7 @@ from typing import Any
 
 from metarl.config import ConfigError, build_inner
 
-__all__ = ["Suite", "SuiteTask", "register_suite", "registered"]
+__all__ = ["Suite", "SuiteTask", "register_suite", "registered", "same_settings"]
 
 TRAIN, TEST = "train", "test"
 
@@ -37,6 +37,14 @@ class SuiteTask:
     def config(self, settings: Mapping[str, Any] | None = None) -> Any:
         """The task's ``[inner]`` config, with ``settings`` (field -> value) on top."""
         return build_inner({**self.inner, **(settings or {})}, f"suite task {self.label}")
+
+
+def same_settings(env_ids: tuple[str, ...], settings: Mapping[str, Any], source: str
+                  ) -> tuple[SuiteTask, ...]:
+    """Tasks that differ only in their environment: each labelled by its ``env_id``,
+    trained with ``settings``."""
+    return tuple(SuiteTask(env_id, {"env_id": env_id, **settings}, source)
+                 for env_id in env_ids)
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ learning rate 3e-4 (not annealed), gamma 0.99, lambda 0.95, clip 0.2, no entropy
 value coefficient 0.5, gradient norm 0.5, observation and reward normalisation.
 """
 
-from metarl.suites.base import Suite, SuiteTask, register_suite
+from metarl.suites.base import Suite, register_suite, same_settings
 
 SOURCE = "PureJaxRL Brax PPO (luchris429/purejaxrl, purejaxrl/ppo_continuous_action.py)"
 SETTINGS = {"num_envs": 2048, "num_steps": 10, "total_timesteps": 50_000_000,
@@ -18,15 +18,11 @@ SETTINGS = {"num_envs": 2048, "num_steps": 10, "total_timesteps": 50_000_000,
             "max_grad_norm": 0.5}
 
 
-def _task(name: str) -> SuiteTask:
-    env_id = f"brax/{name}"
-    return SuiteTask(env_id, {"env_id": env_id, **SETTINGS}, SOURCE)
-
-
 SUITE = register_suite(Suite(
     name="brax", version=1,
     description="Brax locomotion: meta-train ant; meta-test halfcheetah, hopper, walker2d, "
                 "humanoid (PureJaxRL settings, 5e7 steps; GPU-sized)",
-    train=(_task("ant"),),
-    test=(_task("halfcheetah"), _task("hopper"), _task("walker2d"), _task("humanoid")),
+    train=same_settings(("brax/ant",), SETTINGS, SOURCE),
+    test=same_settings(("brax/halfcheetah", "brax/hopper", "brax/walker2d", "brax/humanoid"),
+                       SETTINGS, SOURCE),
     device="gpu", modules=("brax",)))

@@ -8,7 +8,7 @@ RL tasks fix it. Every game trains with PureJaxRL's MinAtar PPO (its notebook
 agent's 1e7 steps take minutes on a GPU and hours on a 2-core CPU.
 """
 
-from metarl.suites.base import Suite, SuiteTask, register_suite
+from metarl.suites.base import Suite, register_suite, same_settings
 
 SOURCE = ("PureJaxRL MinAtar PPO (luchris429/purejaxrl, examples/brax_minatar.ipynb); split: "
           "DiscoGen (AlexGoldie/discogen, discobench_configs/OnPolicyRL_*.yaml)")
@@ -19,15 +19,10 @@ SETTINGS = {"num_envs": 64, "num_steps": 128, "total_timesteps": 10_000_000,
             "vf_coef": 0.5, "max_grad_norm": 0.5}
 
 
-def _game(name: str) -> SuiteTask:
-    env_id = f"{name}-MinAtar"
-    return SuiteTask(env_id, {"env_id": env_id, **SETTINGS}, SOURCE)
-
-
 SUITE = register_suite(Suite(
     name="minatar", version=1,
     description="DiscoGen's MinAtar split: meta-train Breakout, Freeway; meta-test Asterix, "
                 "SpaceInvaders (PureJaxRL settings, 1e7 steps; GPU-sized)",
-    train=(_game("Breakout"), _game("Freeway")),
-    test=(_game("Asterix"), _game("SpaceInvaders")),
+    train=same_settings(("Breakout-MinAtar", "Freeway-MinAtar"), SETTINGS, SOURCE),
+    test=same_settings(("Asterix-MinAtar", "SpaceInvaders-MinAtar"), SETTINGS, SOURCE),
     device="gpu"))
