@@ -203,6 +203,8 @@ def _evaluate(args) -> int:
         options["store"] = (TrainingStore() if args.no_cache else
                             TrainingStore(args.cache_dir) if args.cache_dir else
                             TrainingStore.default())
+        if not args.no_cache:
+            _keep_compiled_programs(options["store"])
     elif args.no_cache or args.cache_dir:
         from metarl.config import ConfigError
 
@@ -227,6 +229,21 @@ def _evaluate(args) -> int:
     if "store" in options:
         print(options["store"].summary())
     return 0
+
+
+def _keep_compiled_programs(store) -> None:
+    """Keep what evaluations compile in JAX's persistent compilation cache, beside the
+    store (``<store>/../jax-compilation``), unless a cache was chosen already
+    (``JAX_COMPILATION_CACHE_DIR`` or jax's config): on a CPU an evaluation spends most of
+    its time compiling, and the next evaluation of the same objective, in a new process,
+    then compiles little."""
+    import jax
+
+    if os.environ.get("JAX_COMPILATION_CACHE_DIR") or jax.config.jax_compilation_cache_dir:
+        return
+    jax.config.update("jax_compilation_cache_dir",
+                      str(store.directory.parent / "jax-compilation"))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
 
 
 def _discovery_run_dirs(args) -> list[str]:
@@ -309,7 +326,15 @@ def _calibrate(args) -> int:
     from metarl.suites import get_suite
 
     budgets = [int(float(text)) for text in args.budgets.split(",")] if args.budgets else None
+    load = os.getloadavg()
     record = calibrate_suite(get_suite(args.calibrate), budgets, progress=print)
+    record["conditions"] = {
+        "command": "metarl suites --calibrate " + args.calibrate
+                   + (f" --budgets {args.budgets}" if args.budgets else "")
+                   + (f" --out {args.out}" if args.out else ""),
+        "cpus": os.cpu_count(), "load_average_before": [round(x, 2) for x in load],
+        "load_average_after": [round(x, 2) for x in os.getloadavg()],
+        "date": time.strftime("%Y-%m-%d")}
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(record, indent=1) + "\n")
