@@ -79,6 +79,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-tune", action="store_true")
     parser.add_argument("--smoke", action="store_true")
     parser.add_argument("--out", default=None)
+    parser.add_argument("--keep", default=None, metavar="DIR",
+                        help="materialise the discovery into DIR and keep it: its first "
+                             "evaluation's record and figure stay there")
     args = parser.parse_args(argv)
 
     from metarl.discoveries.materialise import materialise
@@ -92,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     flags = [] if args.no_tune else ["--tune"]
     if args.smoke and not args.no_tune:  # one baseline, 2 tuning seeds, one widening round
         flags += ["--baselines", "l2", "--tune-seeds", "2", "--tune-rounds", "1"]
-    first, _ = materialise(args.discovery, work / "first")
+    first, _ = materialise(args.discovery, args.keep or work / "first")
     second = work / "second"
     shutil.copytree(first, second)
     store_dir = work / "store"

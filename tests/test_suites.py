@@ -219,3 +219,19 @@ def test_metarl_suites_lists_every_suite(capsys):
     for name in ("classic", "minatar", "brax"):
         assert f"{name} (v" in out
     assert "meta-test  Asterix-MinAtar" in out
+
+
+def test_calibration_places_tuned_ppo_between_the_untrained_policy_and_the_ceiling():
+    from metarl.evolve.calibrate import calibrate_suite
+
+    ceiling = Suite("tiny_ceiling", 1, "one environment with a ceiling", (SuiteTask(
+        "CartPole-v1", {"env_id": "CartPole-v1", **SMALL}, "tests", ceiling=500.0),), ())
+    lines = []
+    record = calibrate_suite(ceiling, [2048], seeds=2, progress=lines.append)
+    (entry,) = record["environments"]["CartPole-v1"]["budgets"]
+    floor, tuned = entry["untrained_iqm"], entry["tuned_iqm"]["value"]
+    assert entry["total_timesteps"] == 2048 and record["seeds"] == 2
+    assert entry["ceiling_fraction"] == pytest.approx((tuned - floor) / (500.0 - floor))
+    assert 0 < floor < 100  # CartPole's random policy falls within tens of steps
+    assert entry["chosen"]  # PPO's grid was searched
+    assert lines and "CartPole-v1 at 2048 steps" in lines[0]
