@@ -68,7 +68,9 @@ def _judge(run_dir: Path, store_dir: Path, suite: str, seeds: int, flags: list[s
     record = max((run_dir / "evaluations").glob("*.json"), key=lambda p: int(p.stem))
     report = json.loads(record.read_text())
     return {"seconds": round(seconds, 1), "store": summary[-1] if summary else None,
-            "record": str(record), "pooled": report["suite"]["pooled"]}
+            "record": str(record), "eval_seed": report["eval_seed"],
+            "environments": report["suite"]["environments"],
+            "pooled": report["suite"]["pooled"]}
 
 
 def main(argv: list[str] | None = None) -> int:
