@@ -579,7 +579,82 @@ def render_cem_rl_dvd(page: str) -> str:
 
 
 #: Blocks with a layout of their own: name -> (page, renderer of the page's table).
+def _number(x: float | None) -> str:
+    return "—" if x is None else f"{x:.4g}"
+
+
+def render_classic_calibration(page: str) -> str:
+    """Per environment of the classic suite: the untrained policy's and tuned PPO's
+    interquartile means and where tuned PPO lies between the untrained policy and the
+    ceiling."""
+    path = "suites/classic_calibration.json"
+    record = json.loads((RESULTS / path).read_text(encoding="utf-8"))
+    head = ["environment", "side", "budget (steps per agent)", "untrained policy",
+            "tuned PPO, IQM [95% CI]", "ceiling", "share of the way to the ceiling",
+            "record"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    sides = {label: side for side in ("train", "test") for label in record["suite"][side]}
+    for index, (label, entry) in enumerate(record["environments"].items()):
+        for budget in entry["budgets"]:
+            tuned = budget["tuned_iqm"]
+            lines.append("| " + " | ".join([
+                label, sides.get(label, "—"), f"{budget['total_timesteps']:,}",
+                _number(budget["untrained_iqm"]),
+                f"{_number(tuned['value'])} [{_number(tuned['low'])}, "
+                f"{_number(tuned['high'])}]",
+                _number(entry["ceiling"]),
+                "—" if budget["ceiling_fraction"] is None else f"{budget['ceiling_fraction']:.2f}",
+                _link(path, page) if index == 0 else ""]) + " |")
+    return "\n".join(lines)
+
+
+#: cross-environment verdicts: (discovery as the page names it, record)
+SUITE_VERDICTS = (("value distance, the blog's settings", "suite_evaluation.json"),)
+
+
+def render_suite_verdicts(page: str) -> str:
+    """Per environment and pooled: the evolved objective's and the baseline's IQM and
+    P(improvement) (tuned comparisons), from the suite benchmark's records."""
+    head = ["discovery", "environment", "comparison", "IQM [95% CI]", "baseline IQM [95% CI]",
+            "P(improvement)", "record"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+
+    def interval(estimate: dict | None) -> str:
+        if not estimate:
+            return "—"
+        return f"{estimate['value']:.3g} [{estimate['low']:.3g}, {estimate['high']:.3g}]"
+
+    for label, path in SUITE_VERDICTS:
+        if not (RESULTS / path).is_file():
+            continue
+        record = json.loads((RESULTS / path).read_text(encoding="utf-8"))["empty_store"]
+        first = True
+        for row in record["environments"]:
+            p = row["probability_of_improvement"]
+            lines.append("| " + " | ".join([
+                label if first else "",
+                row["environment"] + (" (trained on)" if row["trained_on"] else ""),
+                f"{row['evolved']} vs {row['baseline']}", interval(row["evolved_iqm"]),
+                interval(row["baseline_iqm"]),
+                Cell(p["probability_of_improvement"], p["low"], p["high"],
+                     row["verdict"]).text(),
+                _link(path, page) if first else ""]) + " |")
+            first = False
+        for pooled in record["pooled"]:
+            p = pooled["probability_of_improvement"]
+            iqm = pooled["normalised_iqm"]
+            lines.append("| " + " | ".join([
+                "", f"**pooled** over {len(pooled['environments'])} (normalised)",
+                f"{pooled['evolved']} vs {pooled['baseline']}",
+                interval(iqm.get(pooled["evolved"])), interval(iqm.get(pooled["baseline"])),
+                f"{p['value']:.2f} [{p['low']:.2f}, {p['high']:.2f}]: **{pooled['verdict']}**",
+                ""]) + " |")
+    return "\n".join(lines)
+
+
 SPECIAL = {
+    "classic_calibration": ("docs/evidence/generalisation.md", render_classic_calibration),
+    "suite_verdicts": ("docs/evidence/generalisation.md", render_suite_verdicts),
     "discovery_cost": ("docs/evidence/discovery-cost.md", render_discovery_cost),
     "pbt": ("docs/evidence/pbt.md", render_pbt),
     "cem_rl_dvd": ("docs/evidence/cem-rl-dvd.md", render_cem_rl_dvd),
