@@ -23,6 +23,7 @@ def _bar(ax, y: float, estimate: Mapping[str, float] | None, colour: str, label=
     low, high, value = estimate["low"], estimate["high"], estimate["value"]
     ax.barh(y, high - low, left=low, height=0.6, color=colour, alpha=0.75, label=label)
     ax.vlines(value, y - 0.3, y + 0.3, color="black", lw=1.5)
+    ax.plot([value], [y], "o", color=colour, mec="black", ms=5)  # seen at zero width too
 
 
 def plot_suite(section: Mapping[str, Any], title: str | None = None) -> Figure:
@@ -53,7 +54,7 @@ def plot_suite(section: Mapping[str, Any], title: str | None = None) -> Figure:
         left.axvline(0.5, color="grey", ls="--", lw=1)
         left.set_yticks(range(len(labels)), labels)
         left.invert_yaxis()
-        left.set_xlim(0, 1)
+        left.set_xlim(-0.03, 1.03)
         left.set_xlabel(f"P({evolved} > {baseline})  [{comparison['verdict']}]")
         for index, name in enumerate((evolved, baseline)):
             colour = "C0" if index == 0 else BASELINE_COLOURS.get(
