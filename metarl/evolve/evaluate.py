@@ -141,12 +141,12 @@ def evaluate_objective(objective, meta_params, inner, fitness: FitnessConfig,
     learner = build_learner(inner, objective)
     keys = jax.random.split(jax.random.PRNGKey(eval_seed), seeds)
     # One jitted program per objective and [inner] table in a process (compiled once per
-    # seed count): the baselines of several runs, and a run evaluated again, reuse it.
-    in_axes = (0, None) if hypers is None else (0, None, None)
-    program = shared_program(("evaluate", objective, inner, in_axes),
-                             lambda: jax.jit(jax.vmap(learner.train, in_axes=in_axes)))
-    metrics = program(keys, meta_params) if hypers is None else program(keys, meta_params,
-                                                                        hypers)
+    # seed count), the hyperparameters traced: the default and the tuned row, the untrained
+    # policy (learning rate 0), the baselines of several runs and a run evaluated again
+    # all reuse it (compiling dominates on a CPU).
+    program = shared_program(("evaluate", objective, inner),
+                             lambda: jax.jit(jax.vmap(learner.train, in_axes=(0, None, None))))
+    metrics = program(keys, meta_params, learner.default_hypers if hypers is None else hypers)
     returns = np.asarray(run_return(metrics, fitness))
     valid = np.asarray(run_is_valid(metrics, returns))
     mean = aggregate(returns[valid], "mean")
