@@ -22,7 +22,6 @@ import pytest
 from _subprocess_env import env_without_device_count, jax_cache_env
 from _tiny_evolution import GENERATIONS, KILL_WORKER
 
-import metarl.evolve.evaluate as evaluate_module
 from metarl.cli import main
 from metarl.kinds import load_experiment, load_run, resume, start
 from metarl.runs.checkpoint import RunCheckpointer
@@ -289,24 +288,21 @@ def test_cli_errors_name_the_problem_and_exit_2(tiny_config_file, tmp_path, caps
 
 
 def test_several_runs_evaluated_together_train_each_baseline_once(reference_run, tmp_path,
-                                                                  monkeypatch, capsys):
+                                                                  capsys):
     runs = [shutil.copytree(reference_run, tmp_path / name) for name in ("a", "b")]
     for run in runs:
         shutil.rmtree(run / "evaluations", ignore_errors=True)
-    trained = []
-    baseline = evaluate_module._evaluate_baseline
-    monkeypatch.setattr(evaluate_module, "_evaluate_baseline",
-                        lambda name, *rest: trained.append(name) or baseline(name, *rest))
-    flags = ["--seeds", "3", "--baselines", "l2"]  # as the test below: its programs
+    flags = ["--seeds", "3", "--baselines", "l2", "--no-cache"]  # as the test below
     assert main(["evaluate", *map(str, runs), *flags]) == 0
     out = capsys.readouterr().out
-    assert trained == ["l2"]
+    # copies of one run: its evolved row and l2's are trained for the first, reused after
+    assert "training store in memory: 2 reused, 2 trained" in out
     assert out.count("saved") == 2 and f"== {runs[1]}" in out
     first, second = (json.loads((run / "evaluations" / "1.json").read_text()) for run in runs)
     assert first["results"] == second["results"]  # copies of one run: every row the same
-    # alone, a run trains its baseline again and gets the same row
+    # alone, without a store on disk, a run trains its rows again and gets the same ones
     assert main(["evaluate", str(runs[0]), *flags, "--rerun"]) == 0
-    assert trained == ["l2", "l2"]
+    assert "training store in memory: 0 reused, 2 trained" in capsys.readouterr().out
     again = json.loads((runs[0] / "evaluations" / "1.json").read_text())
     assert again["results"] == first["results"]
 
