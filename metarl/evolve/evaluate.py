@@ -47,7 +47,7 @@ from metarl.evolve.config import ExperimentConfig, FitnessConfig, config_from_di
 from metarl.evolve.distill import distilled_objective
 from metarl.evolve.fitness import run_is_valid, run_return
 from metarl.evolve.generation import build_learner, search_start
-from metarl.evolve.judging import EVOLVED, START, comparison_pairs, text_table
+from metarl.evolve.judging import EVOLVED, START, comparison_pairs, held_out_scores, text_table
 from metarl.evolve.metagradient import metagradient_start
 from metarl.evolve.store import TrainingStore, params_digest
 from metarl.evolve.suite_verdicts import (
@@ -164,17 +164,6 @@ def evaluate_objective(objective, meta_params, inner, fitness: FitnessConfig,
         valid=[bool(v) for v in valid],
         curve_updates=compact[CURVE_UPDATES],
     )
-
-
-def held_out_scores(result: Mapping[str, Any]) -> np.ndarray:
-    """``[S]`` scores of one saved result (an :class:`ObjectiveResult` as a dict, from a
-    record of any version): its ``returns``, with the seeds it marks invalid set to NaN."""
-    scores = np.asarray([np.nan if r is None else r for r in result.get("returns") or []],
-                        np.float64)
-    valid = result.get("valid")
-    if valid is not None and len(valid) == scores.size:
-        scores[~np.asarray(valid, bool)] = np.nan
-    return scores
 
 
 def judge(evolved: str, baseline: str, evolved_scores, baseline_scores, paired: bool,

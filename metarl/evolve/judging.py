@@ -3,12 +3,14 @@ judged against which, and the plain-text tables reports print."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 __all__ = ["EVOLVED", "START", "TUNED", "comparison_pairs", "evaluation_figure_path",
-           "save_evaluation_figure", "text_table"]
+           "held_out_scores", "save_evaluation_figure", "text_table"]
 
 EVOLVED = "evolved"
 START = "start"  # the search's starting point (``start=True``)
@@ -40,6 +42,17 @@ def text_table(rows: list[tuple[str, ...]]) -> str:
              for row in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
+
+
+def held_out_scores(result: Mapping[str, Any]) -> np.ndarray:
+    """``[S]`` scores of one saved result (an :class:`ObjectiveResult` as a dict, from a
+    record of any version): its ``returns``, with the seeds it marks invalid set to NaN."""
+    scores = np.asarray([np.nan if r is None else r for r in result.get("returns") or []],
+                        np.float64)
+    valid = result.get("valid")
+    if valid is not None and len(valid) == scores.size:
+        scores[~np.asarray(valid, bool)] = np.nan
+    return scores
 
 
 def evaluation_figure_path(run_dir: str | Path, prefix: str, record_id: Any) -> Path:

@@ -38,6 +38,7 @@ from metarl.evolve.judging import (
     TUNED,
     comparison_pairs,
     evaluation_figure_path,
+    held_out_scores,
     save_evaluation_figure,
     text_table,
 )
@@ -64,14 +65,6 @@ def untrained_hypers(learner):
     never updated."""
     return learner.default_hypers._replace(
         learning_rate=learner.default_hypers.learning_rate * 0)
-
-
-def _scores(result: Mapping[str, Any]) -> np.ndarray:
-    scores = np.asarray([np.nan if r is None else r for r in result["returns"]], np.float64)
-    valid = result.get("valid")
-    if valid is not None:
-        scores[~np.asarray(valid, bool)] = np.nan
-    return scores
 
 
 def _pairs(objectives: Sequence[str]) -> list[tuple[str, str]]:
@@ -111,9 +104,9 @@ def suite_section(suite: Mapping[str, Any], results: Sequence[Mapping[str, Any]]
             rows.append({
                 "environment": label, "side": "train" if label in suite["train"] else "test",
                 "trained_on": label in trained_on, "evolved": evolved, "baseline": baseline,
-                "evolved_iqm": aggregate(_scores(by_env[label][evolved])).to_dict(),
-                "baseline_iqm": aggregate(_scores(by_env[label][baseline])).to_dict(),
-                "untrained_iqm": aggregate(_scores(untrained[label])).value,
+                "evolved_iqm": aggregate(held_out_scores(by_env[label][evolved])).to_dict(),
+                "baseline_iqm": aggregate(held_out_scores(by_env[label][baseline])).to_dict(),
+                "untrained_iqm": aggregate(held_out_scores(untrained[label])).value,
                 "probability_of_improvement": {
                     key: comparison[key] for key in ("probability_of_improvement", "low",
                                                      "high")},
@@ -143,11 +136,11 @@ def _edges(tuning, label, evolved, baseline) -> dict[str, dict[str, str]]:
 def _pooled(evolved: str, baseline: str, labels: Sequence[str],
             by_env: Mapping[str, Mapping[str, Mapping[str, Any]]],
             untrained: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
-    raw = {name: np.stack([_scores(by_env[label][name]) for label in labels], axis=1)
+    raw = {name: np.stack([held_out_scores(by_env[label][name]) for label in labels], axis=1)
            for name in (evolved, baseline)}  # [S, T]
     normalisable, left_out = [], []
     for index, label in enumerate(labels):
-        floor = aggregate(_scores(untrained[label])).value
+        floor = aggregate(held_out_scores(untrained[label])).value
         reference = aggregate(raw[baseline][:, index]).value
         (normalisable if np.isfinite(reference - floor) and reference - floor > 1e-8
          * max(1.0, abs(reference)) else left_out).append((index, label, floor, reference))
