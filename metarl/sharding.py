@@ -112,6 +112,16 @@ def population_mesh(devices: Sequence[jax.Device] | int | None = None,
                 axis_types=(jax.sharding.AxisType.Auto,))
 
 
+def run_mesh(shard: bool, mesh: Mesh | None = None) -> Mesh | None:
+    """The mesh a run shards its population over: ``mesh`` when given, else (with
+    ``shard``, a config's ``run.shard``) :func:`population_mesh` over every device, else
+    none. A mesh of one device comes back as ``None``, so that case runs exactly the
+    unsharded program."""
+    if mesh is None and shard:
+        mesh = population_mesh()
+    return None if mesh is not None and mesh.devices.size == 1 else mesh
+
+
 def num_shards(mesh: Mesh | None) -> int:
     """How many shares a population is split into (1 without a mesh)."""
     return 1 if mesh is None else int(mesh.devices.size)

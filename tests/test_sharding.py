@@ -243,6 +243,16 @@ def test_cpu_devices_train_in_chunks_unless_told_otherwise():
     assert scan_lengths(population) == []  # one vmap
 
 
+def test_run_mesh_is_the_given_mesh_or_every_device_with_shard_and_none_for_one():
+    assert sharding.run_mesh(False) is None
+    assert sharding.run_mesh(True, sharding.population_mesh(1)) is None
+    built = sharding.run_mesh(True)
+    assert (built is None) == (jax.device_count() == 1)
+    if built is not None:
+        assert sharding.num_shards(built) == jax.device_count()
+        assert sharding.run_mesh(False, built) is built
+
+
 def test_population_mesh_and_padding():
     mesh = sharding.population_mesh()
     assert mesh.axis_names == (sharding.POPULATION_AXIS,)

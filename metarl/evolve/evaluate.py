@@ -75,7 +75,7 @@ from metarl.runs.evaluations import (
 )
 from metarl.runs.layout import RunError, read_metrics
 from metarl.runs.meta_params import CANDIDATE_FILES, load_meta_params, meta_params_sha256
-from metarl.sharding import population_mesh
+from metarl.sharding import run_mesh
 from metarl.stats import (
     AGGREGATES,
     CONFIDENCE,
@@ -476,7 +476,7 @@ def evaluate_run(run_dir: str | Path, env_ids: list[str] | None = None, seeds: i
             section = {"knob": axis.name, "values": list(axis.values), "seeds": seeds,
                        "eval_seed": eval_seed, "metric": config.fitness.metric,
                        "environments": {}}
-            mesh = _mesh(config)
+            mesh = run_mesh(config.run.shard)
             for task, inner in tasks.items():
                 curves = {EVOLVED: evaluate_across(objective, meta_params, inner,
                                                    config.fitness, axis, seeds, eval_seed,
@@ -717,13 +717,6 @@ def _tuning_plans(tune, tune_seeds, tune_seed, tune_grid, eval_seed, config, bas
     return plans
 
 
-def _mesh(config):
-    """The devices an evaluation's populations are sharded over (``run.shard``), ``None``
-    for one device."""
-    mesh = population_mesh() if config.run.shard else None
-    return None if mesh is not None and mesh.devices.size == 1 else mesh
-
-
 def _tune(plan, objective, meta_params, inner, config, tune_seeds, tune_seed, tune_by,
           tune_rounds) -> dict[str, Any]:
     """The tuning record of one objective on one environment, widened for up to
@@ -731,8 +724,8 @@ def _tune(plan, objective, meta_params, inner, config, tune_seeds, tune_seed, tu
     if plan.objective not in (EVOLVED, START):  # a baseline, at its own initialisation
         objective, meta_params = fixed_objective(plan.objective), None
     return tuning.tune_objective(plan, objective, inner, config.fitness, tune_seeds,
-                                 tune_seed, meta_params, config.run.chunk_size, _mesh(config),
-                                 tune_by, tune_rounds)
+                                 tune_seed, meta_params, config.run.chunk_size,
+                                 run_mesh(config.run.shard), tune_by, tune_rounds)
 
 
 def _balance(plan, record, count, objective, meta_params, inner, config, tune_seeds,
@@ -743,7 +736,7 @@ def _balance(plan, record, count, objective, meta_params, inner, config, tune_se
         objective, meta_params = fixed_objective(plan.objective), None
     return dict(tuning.balance_objective(plan, record, count, objective, inner,
                                          config.fitness, tune_seeds, tune_seed, meta_params,
-                                         config.run.chunk_size, _mesh(config)))
+                                         config.run.chunk_size, run_mesh(config.run.shard)))
 
 
 def _evaluate_tuned(plan, record, default_row, objective, meta_params, inner, config, seeds,

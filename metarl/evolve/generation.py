@@ -68,7 +68,7 @@ from metarl.evolve.truncation import (
     truncation_updates,
 )
 from metarl.programs import program_key, shared_program
-from metarl.sharding import population_mesh, put_replicated, replicate
+from metarl.sharding import put_replicated, replicate, run_mesh
 
 # folded into PRNGKey(task_seed) to start the stream of the tasks drawn per generation
 # (fitness.tasks_per_generation): the key of generation g is fold_in(that, g)
@@ -199,11 +199,7 @@ class Evolution:
             raise ConfigError("meta.method: 'metagradient' takes meta-gradient steps "
                               "(metarl.evolve.metagradient.MetaGradient), not generations")
         self.config = config
-        if mesh is None and config.run.shard:
-            mesh = population_mesh()
-        if mesh is not None and mesh.devices.size == 1:
-            mesh = None  # one device: exactly the unsharded program
-        self.mesh = mesh
+        self.mesh = run_mesh(config.run.shard, mesh)
         self.objective = config.objective.build()
         self.template = self.objective.init(jax.random.PRNGKey(0))
         self.num_dims = ravel_pytree(self.template)[0].size

@@ -79,7 +79,7 @@ from metarl.evolve.config import ExperimentConfig
 from metarl.evolve.fitness import run_return
 from metarl.evolve.generation import build_learner, search_start
 from metarl.programs import program_key, shared_program
-from metarl.sharding import population_mesh, put_replicated, replicate, shard_population
+from metarl.sharding import put_replicated, replicate, run_mesh, shard_population
 
 # optax's eps_root: Adam's sqrt is taken of nu + EPS_ROOT so its derivative stays finite at
 # nu = 0; in float32 the sum equals nu for nu above ~1e-9, so agents train as with Adam
@@ -166,11 +166,7 @@ class MetaGradient:
             raise ConfigError(f"meta.method: {meta.method!r} runs an evolution "
                               "(metarl.evolve.generation.Evolution), not meta-gradients")
         self.config, self.meta = config, meta
-        if mesh is None and config.run.shard:
-            mesh = population_mesh()
-        if mesh is not None and mesh.devices.size == 1:
-            mesh = None
-        self.mesh = mesh
+        self.mesh = run_mesh(config.run.shard, mesh)
         self.objective = config.objective.build()
         if self.objective.optimizer is not None:
             raise ConfigError(f"objective.name: {config.objective.name!r} fills the "

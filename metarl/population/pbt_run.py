@@ -188,14 +188,10 @@ class PBTProgram:
 
     def __init__(self, config: PBTExperimentConfig, mesh=None):
         from inner_loops.registry import make_learner
-        from metarl.sharding import population_mesh
+        from metarl.sharding import run_mesh
 
         self.config = config
-        if mesh is None and config.run.shard:
-            mesh = population_mesh()
-        if mesh is not None and mesh.devices.size == 1:
-            mesh = None  # one device: exactly the unsharded program
-        self.mesh = mesh
+        self.mesh = run_mesh(config.run.shard, mesh)
 
         def build():
             try:
