@@ -19,6 +19,9 @@ from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from typing import Any
 
+import jax
+import jax.numpy as jnp
+
 # Run settings read only between steps (by the run-directory layer), never when tracing.
 IO_RUN_FIELDS = ("output_dir", "progress", "checkpoint_every", "keep_checkpoints",
                  "trackers", "max_invalid_generations")
@@ -49,3 +52,9 @@ def shared_program(key: tuple, build: Callable[[], Any]) -> Any:
     while len(_PROGRAMS) > KEPT:
         _PROGRAMS.popitem(last=False)
     return program
+
+
+def strong_types(tree: Any) -> Any:
+    """``tree`` without weak types (what a checkpoint restores), so that a carried state's
+    avals never change between steps and its program compiles once."""
+    return jax.tree.map(lambda x: jnp.asarray(x, dtype=jnp.asarray(x).dtype), tree)

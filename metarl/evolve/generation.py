@@ -67,7 +67,7 @@ from metarl.evolve.truncation import (
     train_truncation,
     truncation_updates,
 )
-from metarl.programs import program_key, shared_program
+from metarl.programs import program_key, shared_program, strong_types
 from metarl.sharding import put_replicated, replicate, run_mesh
 
 # folded into PRNGKey(task_seed) to start the stream of the tasks drawn per generation
@@ -99,11 +99,6 @@ def make_strategy(config: ESConfig, template: Any):
     strategy).
     """
     return build_strategy(config, template)
-
-
-def _strong(tree):
-    """Drop weak types so the state's avals do not change after the first generation."""
-    return jax.tree.map(lambda x: jnp.asarray(x, dtype=jnp.asarray(x).dtype), tree)
 
 
 @struct.dataclass
@@ -268,7 +263,7 @@ class Evolution:
             asked = jax.eval_shape(self.ask, state)  # the shapes of the first candidates
             state = TruncatedEvolutionState(**vars(state), truncation=empty_truncation_state(
                 self.learners, asked.population, asked.run_keys, self._hypers))
-        state = _strong(state)
+        state = strong_types(state)
         if self.mesh is not None:  # the placement every generation returns: compile once
             state = put_replicated(state, self.mesh)
         return state

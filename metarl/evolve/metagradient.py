@@ -78,7 +78,7 @@ from metarl.config import ConfigError
 from metarl.evolve.config import ExperimentConfig
 from metarl.evolve.fitness import run_return
 from metarl.evolve.generation import build_learner, search_start
-from metarl.programs import program_key, shared_program
+from metarl.programs import program_key, shared_program, strong_types
 from metarl.sharding import put_replicated, replicate, run_mesh, shard_population
 
 # optax's eps_root: Adam's sqrt is taken of nu + EPS_ROOT so its derivative stays finite at
@@ -253,7 +253,7 @@ class MetaGradient:
         key, agents_key = jax.random.split(carried)
         start = jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), start)
         agents = self.fresh_agents(agents_key, start)
-        return _strong(MetaGradientState(
+        return strong_types(MetaGradientState(
             meta_params=start,
             opt_state=self.optimizer.init(start),
             agents=agents,
@@ -387,7 +387,7 @@ class MetaGradient:
         opt_state = jax.tree.map(lambda old, new: jnp.where(keep, old, new),
                                  state.opt_state, opt_state)
         # strong types: a resumed run's restored state must compile to the same program
-        state = _strong(MetaGradientState(meta_params=meta_params, opt_state=opt_state,
+        state = strong_types(MetaGradientState(meta_params=meta_params, opt_state=opt_state,
                                           agents=agents, lifetimes=lifetimes, key=key,
                                           generation=state.generation + 1))
         report = {
@@ -463,9 +463,3 @@ def _finite_rows(tree) -> jax.Array:
 def _where_rows(mask: jax.Array, new: jax.Array, old: jax.Array) -> jax.Array:
     """``new`` where ``mask [A]`` else ``old``, row by row of the leading axis."""
     return jnp.where(mask.reshape(-1, *[1] * (new.ndim - 1)), new, old)
-
-
-def _strong(tree):
-    """``tree`` without weak types (what a checkpoint restores), so that the state's avals
-    never change and the step compiles once."""
-    return jax.tree.map(lambda x: jnp.asarray(x, dtype=jnp.asarray(x).dtype), tree)
