@@ -143,9 +143,6 @@ class EvolveProgram:
                                                       self.config.es.rungs - 1)
         good = fitness[full]
 
-        def stat(fn):
-            return float(fn(good)) if good.size else math.nan
-
         labels = self.config.task_labels
         sampled = metrics.get("tasks")
         trained = (list(range(len(labels))) if sampled is None  # the tasks of each column
@@ -155,9 +152,9 @@ class EvolveProgram:
             "generation": generation,
             "fitness": [float(f) for f in fitness],
             "valid": [bool(v) for v in valid],
-            "best_fitness": stat(np.max),
-            "mean_fitness": stat(np.mean),
-            "std_fitness": stat(np.std),
+            "best_fitness": engine.finite_stat(np.max, good),
+            "mean_fitness": engine.finite_stat(np.mean, good),
+            "std_fitness": engine.finite_stat(np.std, good),
             "best_fitness_so_far": float(record["best_fitness_so_far"]),
             "invalid_candidates": int((~valid).sum()),
             "invalid_runs": int(metrics["invalid_runs"]),

@@ -116,20 +116,17 @@ class MetaGradientProgram:
         valid = np.asarray(metrics["valid"], bool)
         good = fitness[valid & np.isfinite(fitness)]
 
-        def stat(fn):
-            return float(fn(good)) if good.size else math.nan
-
         self.note_flat(generation, float(metrics["meta_grad_norm"]))
         label, = self.config.task_labels
         return {
             "generation": generation,
             "fitness": [float(f) if math.isfinite(f) else None for f in fitness],
             "valid": [bool(v) for v in valid],
-            "best_fitness": stat(np.max),
-            "mean_fitness": stat(np.mean),
-            "std_fitness": stat(np.std),
+            "best_fitness": engine.finite_stat(np.max, good),
+            "mean_fitness": engine.finite_stat(np.mean, good),
+            "std_fitness": engine.finite_stat(np.std, good),
             "invalid_agents": int((~valid).sum()),
-            "mean_return": {label: stat(np.mean) if good.size else None},
+            "mean_return": {label: engine.finite_stat(np.mean, good) if good.size else None},
             "meta_loss": float(metrics["meta_loss"]),
             "meta_grad_norm": float(metrics["meta_grad_norm"]),
             "restarted": int(metrics["restarted"]),
