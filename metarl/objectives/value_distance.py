@@ -46,7 +46,7 @@ in ``"value"``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -58,16 +58,16 @@ from metarl.objectives.mlp import apply_mlp, init_mlp
 from metarl.objectives.registry import register_objective
 
 DEFAULT_HIDDEN_SIZES = (64, 64)
-FORMS = ("scaled_l2", "even_scaled_l2", "l2_residual", "raw")
-SCALED_FORMS = ("scaled_l2", "even_scaled_l2")  # d(x) = 0.5 x^2 times a learned weight
 DEFAULT_FORM = "scaled_l2"
+FORMS = (DEFAULT_FORM, "even_scaled_l2", "l2_residual", "raw")
+SCALED_FORMS = (DEFAULT_FORM, "even_scaled_l2")  # d(x) = 0.5 x^2 times a learned weight
 MAX_LOG_SCALE = 30.0  # exp(g) is capped so a wild candidate gives a huge loss, not inf
 
 
 def init_value_distance(
     key: jax.Array,
     hidden_sizes: Sequence[int] = DEFAULT_HIDDEN_SIZES,
-    form: str = "scaled_l2",
+    form: str = DEFAULT_FORM,
     learn_scale: bool = False,
 ) -> dict:
     """Meta-parameters of the network ``1 -> hidden_sizes -> 1`` (tanh), and with
@@ -107,7 +107,7 @@ def learned_shape(meta_params: dict, x: jax.Array) -> jax.Array:
     return shape - jax.lax.stop_gradient(jnp.where(x == 0.0, shape, 0.0))
 
 
-def value_distance(meta_params: dict, x: jax.Array, form: str = "scaled_l2") -> jax.Array:
+def value_distance(meta_params: dict, x: jax.Array, form: str = DEFAULT_FORM) -> jax.Array:
     """The learned distance ``d`` applied elementwise.
 
     Args:
@@ -122,17 +122,25 @@ def value_distance(meta_params: dict, x: jax.Array, form: str = "scaled_l2") -> 
     """
     _check_form(form)
     x = jnp.asarray(x, jnp.float32)
+    return overall_scale(meta_params) * _unscaled_distance(meta_params, x, form)
+
+
+def _unscaled_distance(meta_params: dict, x: jax.Array, form: str,
+                       reduce: Callable[[jax.Array], jax.Array] | None = None) -> jax.Array:
+    """``d(x)`` of ``form`` without the overall scale ``exp(s)``: elementwise over the errors
+    ``x [...]``, or with ``reduce`` (the loss's ``jnp.mean``) reduced term by term. Each form
+    is ``0.5 x^2`` with its initial network."""
+    reduce = reduce or (lambda values: values)
     shape = learned_shape(meta_params, jnp.abs(x) if form == "even_scaled_l2" else x)
-    scale = overall_scale(meta_params)
     if form == "raw":
-        return scale * shape
+        return reduce(shape)
     if form == "l2_residual":
-        return scale * (0.5 * jnp.square(x) + shape)
-    return scale * 0.5 * jnp.square(x) * jnp.exp(jnp.minimum(shape, MAX_LOG_SCALE))
+        return 0.5 * reduce(jnp.square(x)) + reduce(shape)
+    return 0.5 * reduce(jnp.square(x) * jnp.exp(jnp.minimum(shape, MAX_LOG_SCALE)))
 
 
 def value_distance_term(
-    hidden_sizes: Sequence[int] = DEFAULT_HIDDEN_SIZES, form: str = "scaled_l2",
+    hidden_sizes: Sequence[int] = DEFAULT_HIDDEN_SIZES, form: str = DEFAULT_FORM,
     learn_scale: bool = False,
 ) -> LossTerm:
     """The value loss term ``mean(d(values - targets))`` (times ``exp(s)`` with
@@ -146,21 +154,11 @@ def value_distance_term(
         return init_value_distance(key, hidden_sizes, form, learn_scale)
 
     def loss(meta_params: dict, inputs: LossInputs) -> jax.Array:
-        return overall_scale(meta_params) * unscaled_loss(meta_params, inputs)
-
-    def unscaled_loss(meta_params: dict, inputs: LossInputs) -> jax.Array:
         errors = inputs.values - inputs.targets
-        shape = learned_shape(meta_params,
-                              jnp.abs(errors) if form == "even_scaled_l2" else errors)
-        # Each form reduces to the L2 loss 0.5 mean(x^2) with its initial network.
-        if form == "raw":
-            return jnp.mean(shape)
-        if form == "l2_residual":
-            return 0.5 * jnp.mean(jnp.square(errors)) + jnp.mean(shape)
-        scale = jnp.exp(jnp.minimum(shape, MAX_LOG_SCALE))
-        return 0.5 * jnp.mean(jnp.square(errors) * scale)
+        return overall_scale(meta_params) * _unscaled_distance(meta_params, errors, form,
+                                                               jnp.mean)
 
-    name = "value_distance" if form == "scaled_l2" else f"value_distance_{form}"
+    name = "value_distance" if form == DEFAULT_FORM else f"value_distance_{form}"
     return LossTerm(name, init, loss)
 
 
@@ -249,7 +247,7 @@ def _portable(meta_params: dict, options: Mapping[str, Any]) -> dict:
 @register_objective("value_distance", slots=("value",), baselines=("ppo", "l2", "huber"),
                     plot=_figures, portable=_portable)
 def make_value_distance(
-    hidden_sizes: Sequence[int] = DEFAULT_HIDDEN_SIZES, form: str = "scaled_l2",
+    hidden_sizes: Sequence[int] = DEFAULT_HIDDEN_SIZES, form: str = DEFAULT_FORM,
     learn_scale: bool = False,
 ) -> Objective:
     """A learned value distance as the critic's loss (see the module docstring)."""
