@@ -339,9 +339,3 @@ def start_step(step: Callable[[], Any]) -> InFlight:
     """Start ``step()`` in a worker thread, which also waits there until its arrays are
     ready; :meth:`InFlight.wait` collects it."""
     return InFlight(step)
-
-
-def take_step(step: Callable[[], Any], stopper: Stopper, must_save: bool) -> StepOutcome:
-    """Run ``step()`` and wait until its arrays are ready (:func:`start_step`, then
-    :meth:`InFlight.wait`)."""
-    return start_step(step).wait(stopper, must_save)
