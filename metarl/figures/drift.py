@@ -361,3 +361,52 @@ def plot_temporal_drift(
     fig.suptitle(title or "Temporally-aware drift: how the penalty changes over training",
                  fontsize="large")
     return fig
+
+
+def plot_run_drifts(drifts: Mapping[str, tuple[str, DriftFn]],
+                    references: Mapping[str, DriftFn], *, clip_eps: float = 0.2,
+                    run_name: str = "run") -> dict[str, Figure]:
+    """Every figure of a run that learned drifts, by file stem: each candidate's drift as a
+    heatmap with slices (``drift_<which>``), plus its change over training
+    (``temporal_drift_<which>``) when it depends on progress; then every candidate next to
+    the reference drifts as heatmaps on one colour scale (``drift_side_by_side``) and, with
+    several candidates (the mean and best of a run, or the search means of several runs in
+    ``metarl compare``), all of them overlaid as slices at ``A = ±1`` (``drift_slices``).
+    A drift that depends on progress is drawn at progress 0.5 except in its temporal figure.
+
+    Args:
+        drifts: ``{which: (candidate label, drift_fn)}``; ``which`` names the files, the
+            label names the candidate in titles and legends, after the drift's own
+            ``label``.
+        references: ``{label: drift_fn}`` every figure compares with (PPO's clip, DPO's
+            closed form); the first is drawn in the temporal figures' slices too.
+        clip_eps: PPO's clip range, marked in the figures.
+        run_name: the run's name, at the start of every title.
+    """
+    figures, named = {}, {}
+    for which, (candidate, drift_fn) in drifts.items():
+        label = f"{_drift_name(drift_fn, None)}, {candidate}"
+        uses_progress = _uses_progress(drift_fn)
+        progress = 0.5 if uses_progress else 0.0
+        at = f" at training progress {progress:g}" if uses_progress else ""
+        figures[f"drift_{which}"] = plot_drift(
+            drift_fn, label=label, progress=progress, clip_eps=clip_eps, references=references,
+            title=f"{run_name}: drift of the {candidate}{at}")
+        if uses_progress:
+            figures[f"temporal_drift_{which}"] = plot_temporal_drift(
+                drift_fn, label=label, reference=next(iter(references.values()), None),
+                title=f"{run_name}: drift of the {candidate} over training")
+        named[candidate] = drift_fn
+    if not named:
+        return figures
+    uses_progress = any(_uses_progress(fn) for fn in named.values())
+    progress = 0.5 if uses_progress else 0.0
+    at = f" at training progress {progress:g}" if uses_progress else ""
+    figures["drift_side_by_side"] = plot_drift_comparison(
+        named, references=references, progress=progress, clip_eps=clip_eps,
+        title=f"{run_name}: learned drift{at} next to PPO's clip and DPO, one colour scale")
+    if len(named) > 1:
+        figures["drift_slices"] = plot_drift_slices(
+            named, references=references, progress=progress, clip_eps=clip_eps,
+            title=f"{run_name}: {len(named)} learned drifts{at} at A = ±1")
+    return figures
