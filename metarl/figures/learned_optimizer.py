@@ -4,6 +4,7 @@ momenta and training-progress values, next to the base update it started from (A
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import matplotlib
 import numpy as np
@@ -93,3 +94,27 @@ def plot_learned_update(
         ax.set_xlabel("normalised gradient g / (sqrt(v_hat) + eps)")
     fig.suptitle(title or f"Learned update against the gradient (dashed: {base_label})")
     return fig
+
+
+def plot_run_updates(grids: Mapping[str, Any], *, base_label: str = "Adam",
+                     title: str | None = None) -> Figure:
+    """Every candidate's learned update in one :func:`plot_learned_update` figure, from
+    grids that evaluated each rule on the same inputs.
+
+    Args:
+        grids: ``{label: grid}``, each grid holding the arrays ``gradients [N]``,
+            ``momenta [M]``, ``progresses [P]``, ``update [P, M, N]``, ``noise_std
+            [P, M, N]`` and ``adam [M, N]`` as attributes (e.g.
+            :class:`metarl.objectives.learned_optimizer.UpdateGrid`). The axes and the base
+            update are the first grid's; a noise band is drawn for the candidates whose
+            noise is somewhere positive.
+        base_label, title: as in :func:`plot_learned_update`.
+    """
+    first = next(iter(grids.values()))
+    noisy = {label: np.asarray(grid.noise_std) for label, grid in grids.items()
+             if np.any(np.asarray(grid.noise_std) > 0)}
+    return plot_learned_update(
+        np.asarray(first.gradients), np.asarray(first.momenta).tolist(),
+        np.asarray(first.progresses).tolist(),
+        {label: np.asarray(grid.update) for label, grid in grids.items()},
+        np.asarray(first.adam), noise_std=noisy or None, base_label=base_label, title=title)

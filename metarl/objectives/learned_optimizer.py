@@ -68,7 +68,6 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 
 from inner_loops.objective import Objective, OptimizerTerm
@@ -368,18 +367,12 @@ def update_figures(request: RunFigureRequest, grid_of: Callable[[dict], UpdateGr
     """
     if not request.candidates:
         return {}
-    from metarl.figures.learned_optimizer import plot_learned_update  # matplotlib on demand
+    from metarl.figures.learned_optimizer import plot_run_updates  # matplotlib on demand
 
     grids = {request.label(which): grid_of(params["optimizer"])
              for which, params in request.candidates.items()}
-    first = next(iter(grids.values()))
-    noisy = {label: np.asarray(grid.noise_std) for label, grid in grids.items()
-             if np.any(np.asarray(grid.noise_std) > 0)}
-    fig = plot_learned_update(
-        np.asarray(first.gradients), np.asarray(first.momenta).tolist(),
-        np.asarray(first.progresses).tolist(),
-        {label: np.asarray(grid.update) for label, grid in grids.items()},
-        np.asarray(first.adam), noise_std=noisy or None, base_label="Adam",
+    fig = plot_run_updates(
+        grids, base_label="Adam",
         title=f"{request.run_name}: learned update vs Adam after {request.generation} "
               f"generations (lines: previous momentum m{inputs_note})")
     return {"learned_update": fig}
