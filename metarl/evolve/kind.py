@@ -57,7 +57,7 @@ class RunResult(engine.SteppedRun):
         return jax.device_get(self.evolution.mean_meta_params(self.state))
 
 
-class EvolveProgram:
+class EvolveProgram(engine.Program):
     """An :class:`~metarl.evolve.generation.Evolution` as the program
     :mod:`~metarl.runs.engine` runs, one jitted generation per step."""
 

@@ -78,7 +78,7 @@ class MetaGradientResult(engine.SteppedRun):
         return jax.device_get(self.state.meta_params)
 
 
-class MetaGradientProgram:
+class MetaGradientProgram(engine.Program):
     """A :class:`~metarl.evolve.metagradient.MetaGradient` as the program
     :mod:`~metarl.runs.engine` runs, one jitted meta-step per step."""
 

@@ -221,7 +221,7 @@ def _agents_per_seed(joint, count: int):
         run_keys=jnp.swapaxes(keys, 0, 1))
 
 
-class ReplicatedProgram:
+class ReplicatedProgram(engine.JointProgram):
     """:class:`ReplicatedEvolution` as the joint program of
     :func:`metarl.runs.engine.train_jointly`: each seed's own
     :class:`~metarl.evolve.kind.EvolveProgram` writes its lines and files."""
@@ -327,7 +327,7 @@ def _new_seed(parent: Path, name: str, config: ExperimentConfig, stack, command:
     """Create seed directory ``parent/name`` for ``config`` (its lock held in ``stack``)
     and its initial state (the objective's ``.py`` module copied in, as a run's)."""
     config, files = config.recorded_in(parent / name)
-    program = RUN_KIND.build(config, mesh)
+    program = RUN_KIND.make_program(config, mesh)
     stack.enter_context(started_run(
         parent / name, config.to_dict(), command=command, normalize=RUN_KIND.normalize,
         budget_fields=RUN_KIND.budget_fields, files=files, kind=RUN_KIND.name,

@@ -50,7 +50,7 @@ def cem_rl_config_from_dict(data: dict[str, Any]) -> MethodExperimentConfig:
     return method_config_from_dict(KIND, CEMRLConfig, data)
 
 
-class CEMRLProgram:
+class CEMRLProgram(engine.Program):
     """The CEM-RL functions and jitted generation of one config: the program
     :mod:`~metarl.runs.engine` runs, one generation per step."""
 

@@ -51,7 +51,7 @@ def dvd_config_from_dict(data: dict[str, Any]) -> MethodExperimentConfig:
     return method_config_from_dict(KIND, DvDConfig, data)
 
 
-class DvDProgram:
+class DvDProgram(engine.Program):
     """The DvD functions and jitted segment of one config: the program
     :mod:`~metarl.runs.engine` runs, one segment per step."""
 

@@ -182,7 +182,7 @@ def pbt_config_from_dict(data: dict[str, Any]) -> PBTExperimentConfig:
 # the population and its segments
 
 
-class PBTProgram:
+class PBTProgram(engine.Program):
     """The learner, mesh and jitted segment of one pbt config (built once per process): the
     program :mod:`~metarl.runs.engine` runs, one segment per step."""
 

@@ -1,8 +1,9 @@
 """The one engine every run kind runs on: meta-evolution's generations, PBT's segments,
 CEM-RL's generations and DvD's segments are all steps of a *program* in a run directory.
 
-A run kind describes itself with a :class:`RunKind` and builds a program from its config.
-The program has:
+A run kind describes itself with a :class:`RunKind` and builds a :class:`Program` from its
+config (its ``build`` is a subclass of it: a kind whose program lacks a required part is
+refused when the kind is defined). A program has:
 
 - ``config``: the experiment config (``name``, ``run`` -- a
   :class:`~metarl.config.RunConfig` --, ``to_dict()``);
@@ -18,14 +19,15 @@ The program has:
   the line has it), ``seconds``, ``agent_steps_per_second`` and ``time``;
 - ``postfix(line) -> dict``: what the progress bar shows beside the step count;
 
-and, optionally:
+and parts a program may leave to :class:`Program`'s defaults:
 
 - ``template() -> state``: a state of the right structure to restore a checkpoint into,
   where ``init()`` does more work than that needs (default: ``init()``);
 - ``after_step(run_dir, state, primary)``: files the kind keeps beside the checkpoints,
-  written after every step (called on every process; only the ``primary`` one writes);
-- ``mesh``: the devices the population is sharded over; a run resumed on another number
-  of devices than its lines record is warned about.
+  written after every step (called on every process; only the ``primary`` one writes;
+  default: none);
+- ``mesh``: the devices the population is sharded over (default ``None``: one device); a
+  run resumed on another number of devices than its lines record is warned about.
 
 This module gives every kind the guarantees of :mod:`metarl.runs` (one writer, atomic
 files, config change rules, damaged checkpoints skipped, a stop after
@@ -48,17 +50,21 @@ writes step ``k``'s files before it saves and exits. A multi-process run keeps t
 turn (its checkpoint saves synchronise the processes, and must not interleave with a
 step's collectives); :func:`overlaps_host_work` says which.
 
-What one run directory records of a step is a :class:`RunLedger`; :func:`_train` keeps one,
-and :func:`train_jointly` keeps one per run when a *joint* program advances several runs
-with one step (replicated evolution, :mod:`metarl.evolve.replicated`), each run writing its
-own directory exactly as it would alone. :func:`prepare_resume` is everything a resume does
-before it trains, so that a joint program can continue several runs at once.
+What one run directory records of a step is a :class:`RunLedger`. There is one training
+loop, :func:`train_jointly`: a :class:`JointProgram` advances several runs with one step
+(replicated evolution, :mod:`metarl.evolve.replicated`), each run keeping its ledger and
+writing its own directory exactly as it would alone; a run trained alone
+(:func:`train_member`, which :func:`start_run` and :func:`resume_run` call) is the one-member
+case, its program the joint program of itself. :func:`prepare_resume` is everything a
+resume does before it trains, so that a joint program can continue several runs at once.
 """
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import dataclasses
+import inspect
 import math
 import warnings
 from collections.abc import Callable
@@ -99,6 +105,87 @@ from metarl.runs.start import started_run
 TRACKERS_FIELD = "run.trackers"  # where a run's metrics go: may change when it continues
 
 
+class Program(abc.ABC):
+    """What a run kind builds from its config and the engine runs, one step at a time (the
+    module doc says what each part is). Its methods without a default are abstract, so a
+    subclass lacking one cannot be a kind's ``build`` (:class:`RunKind` refuses it);
+    :data:`REQUIRED_ATTRIBUTES` are set by the subclass (often in ``__init__``) and checked
+    when :meth:`RunKind.make_program` builds one. ``template``, ``after_step`` and ``mesh``
+    have defaults."""
+
+    REQUIRED_ATTRIBUTES = ("config", "steps", "agent_steps_per_step")
+    config: Any
+    steps: int
+    agent_steps_per_step: int
+    mesh: Any = None  # the devices the population is sharded over (None: one device)
+
+    @abc.abstractmethod
+    def init(self) -> Any:
+        """The state before the first step."""
+
+    @abc.abstractmethod
+    def completed(self, state) -> int:
+        """The steps ``state`` has done."""
+
+    @abc.abstractmethod
+    def step(self, state) -> tuple[Any, dict[str, Any]]:
+        """One step: the state after it and the record its line is made from."""
+
+    @abc.abstractmethod
+    def summary(self, step: int, record: dict[str, Any]) -> dict[str, Any]:
+        """The ``metrics.jsonl`` line of ``step`` (before the engine's fields)."""
+
+    @abc.abstractmethod
+    def postfix(self, line: dict[str, Any]) -> dict[str, Any]:
+        """What the progress bar shows beside the step count."""
+
+    def template(self) -> Any:
+        """A state of the right structure to restore a checkpoint into."""
+        return self.init()
+
+    def after_step(self, run_dir: Path, state, primary: bool) -> None:
+        """Files kept beside the checkpoints after every step (none by default)."""
+        del run_dir, state, primary
+
+
+class JointProgram(abc.ABC):
+    """A program over the states of several runs together, one step of it a step of each
+    (:func:`train_jointly`); ``agent_steps_per_step`` (set by the subclass) counts them all."""
+
+    agent_steps_per_step: int
+
+    @abc.abstractmethod
+    def combine(self, states: list) -> Any:
+        """The members' states as one joint state."""
+
+    @abc.abstractmethod
+    def step(self, joint_state) -> tuple[Any, dict[str, Any]]:
+        """One step of every member: the joint state after it and its record."""
+
+    @abc.abstractmethod
+    def split(self, joint_state, record: dict[str, Any]) -> list[tuple[Any, dict[str, Any]]]:
+        """Each member's state and record (what its program's ``summary`` reads), in
+        order."""
+
+
+class _Alone(JointProgram):
+    """One run's program as the joint program of that run alone."""
+
+    def __init__(self, program: Program):
+        self.program = program
+        self.agent_steps_per_step = program.agent_steps_per_step
+
+    def combine(self, states: list) -> Any:
+        (state,) = states
+        return state
+
+    def step(self, joint_state) -> tuple[Any, dict[str, Any]]:
+        return self.program.step(joint_state)
+
+    def split(self, joint_state, record: dict[str, Any]) -> list[tuple[Any, dict[str, Any]]]:
+        return [(joint_state, record)]
+
+
 @dataclass(frozen=True)
 class RunKind:
     """Everything the toolkit needs to know of a run kind: how its experiment files read,
@@ -111,7 +198,8 @@ class RunKind:
             (``"segment"``, ``"generation"``).
         from_dict: plain data (an experiment file's, or a run's ``config.json``) -> the
             validated config (:class:`~metarl.config.ConfigError` naming a bad field).
-        build: ``(config, mesh) -> program`` (see the module docstring).
+        build: the kind's :class:`Program` subclass, ``build(config, mesh)`` (a kind
+            whose program is not one, or lacks a part, is refused here: ``TypeError``).
         result: the class of what a run returns (a :class:`SteppedRun`).
         plot: ``run_dir -> [paths]``: draws the run into its ``plots/``.
         describe: ``line -> str``: a run's last ``metrics.jsonl`` line in a line, for the
@@ -139,7 +227,7 @@ class RunKind:
     name: str
     step_key: str
     from_dict: Callable[[dict[str, Any]], Any]
-    build: Callable[[Any, Any], Any]
+    build: type[Program]
     result: type
     plot: Callable[[Path], list[Path]]
     describe: Callable[[dict[str, Any]], str]
@@ -153,6 +241,26 @@ class RunKind:
     invalid: str = "every member's losses were non-finite"
     advice: str = "Check the [inner] settings"
     record_sources: Callable[[Any, Path], tuple[Any, dict[str, Path]]] | None = None
+
+    def __post_init__(self):
+        build = self.build
+        if not (isinstance(build, type) and issubclass(build, Program)):
+            raise TypeError(f"run kind {self.name!r}: build must be a subclass of "
+                            f"metarl.runs.engine.Program, not {build!r}")
+        if inspect.isabstract(build):
+            missing = ", ".join(sorted(build.__abstractmethods__))
+            raise TypeError(f"run kind {self.name!r}: its program {build.__name__} lacks "
+                            f"{missing} (metarl.runs.engine.Program)")
+
+    def make_program(self, config, mesh=None) -> Program:
+        """The kind's program of ``config`` (``build(config, mesh)``, which checks the
+        config), refused (``TypeError``) when it lacks an attribute a program has."""
+        program = self.build(config, mesh)
+        missing = [name for name in Program.REQUIRED_ATTRIBUTES if not hasattr(program, name)]
+        if missing:
+            raise TypeError(f"run kind {self.name!r}: its program {type(program).__name__} "
+                            f"lacks {', '.join(missing)} (metarl.runs.engine.Program)")
+        return program
 
     @property
     def budget_fields(self) -> tuple[str, ...]:
@@ -222,7 +330,7 @@ class SteppedRun:
 
     run_dir: Path
     config: Any
-    program: Any
+    program: Program
     state: Any
     history: list[dict[str, Any]] = field(default_factory=list)
     plots: list[Path] = field(default_factory=list)
@@ -251,10 +359,10 @@ def _checkpointer(kind: RunKind, run_dir: Path, config) -> RunCheckpointer:
                            score=lambda line: score_of_line(line, kind.score_key))
 
 
-def _devices(program) -> int:
+def _devices(program: Program) -> int:
     from metarl.sharding import num_shards
 
-    return num_shards(getattr(program, "mesh", None))
+    return num_shards(program.mesh)
 
 
 def current_backend() -> dict[str, str]:
@@ -274,7 +382,7 @@ def overlaps_host_work() -> bool:
 
 class RunLedger:
     """What one run directory records of each step it takes, the same for a run alone
-    (:func:`_train`) and for each run of a joint program (:func:`train_jointly`): the
+    (:func:`train_member`) and for each run of a joint program (:func:`train_jointly`): the
     step's line in ``metrics.jsonl`` (the engine's fields added to the program's
     summary), the trackers, the program's ``after_step`` files, checkpoints every
     ``run.checkpoint_every`` steps and at the end, the stop after
@@ -293,7 +401,7 @@ class RunLedger:
     calls :meth:`interrupt` instead of :meth:`finish`.
     """
 
-    def __init__(self, kind: RunKind, program, run_dir: Path, history: list[dict],
+    def __init__(self, kind: RunKind, program: Program, run_dir: Path, history: list[dict],
                  events: list[dict], start: int, stopper: stopping.Stopper | None = None):
         from metarl.runs.trackers import RunTrackers
 
@@ -307,7 +415,6 @@ class RunLedger:
         self.stopped: int | None = None
         self.primary = distributed.is_primary()  # only process 0 writes files
         self.limit = self.config.run.max_invalid_generations
-        self.after_step = getattr(program, "after_step", None)
         self.trackers = RunTrackers(self.config.run.trackers, run_dir, run_dir.name,
                                     self.config.to_dict(), self.primary)
         self.checkpointer = _checkpointer(kind, run_dir, self.config)
@@ -363,8 +470,8 @@ class RunLedger:
         history.append(line)
         if self.limit and _invalid_streak(history, kind.valid_key) >= self.limit:
             self.stopped = step
-        if self.after_step is not None:  # may compute with JAX: not beside a step
-            self.after_step(self.run_dir, state, self.primary)
+        # after_step may compute with JAX: not beside a step
+        program.after_step(self.run_dir, state, self.primary)
         self.done_steps = step
         self.pending = state
         return line
@@ -443,57 +550,32 @@ class RunLedger:
         self.trackers.close()
 
 
-def _progress_bar(total: int, initial: int, name: str, unit: str, config):
+def _progress_bar(kind: RunKind, ledgers: list[RunLedger], name: str):
+    """The bar of the runs of ``ledgers``: the steps of one run, or of every run together."""
     from tqdm.auto import tqdm
 
-    return tqdm(total=total, initial=initial, desc=name, unit=unit,
-                disable=not (config.run.progress and distributed.is_primary()),
+    return tqdm(total=sum(ledger.until for ledger in ledgers),
+                initial=sum(min(ledger.done_steps, ledger.until) for ledger in ledgers),
+                desc=name if len(ledgers) == 1 else f"{name} ({len(ledgers)} runs)",
+                unit=kind.step_key,
+                disable=not (ledgers[0].config.run.progress and distributed.is_primary()),
                 dynamic_ncols=True)
 
 
-def _train(kind: RunKind, program, state, run_dir: Path, history: list[dict],
-           events: list[dict]) -> SteppedRun:
-    """Take the program's remaining steps, writing metrics every step and checkpoints every
-    ``run.checkpoint_every`` steps and at the end (:class:`RunLedger`), each step's files
-    beside the next step (module doc); stop early, the last completed step checkpointed, on
-    a time limit or a signal (:mod:`metarl.runs.stopping`: :class:`RunInterrupted`)."""
-    config = program.config
-    until = program.steps
-    start = program.completed(state)
-    stopper = stopping.current()
-    overlap = overlaps_host_work()
-    ledger = RunLedger(kind, program, run_dir, history, events, start, stopper)
-    bar = _progress_bar(until, start, config.name, kind.step_key, config)
-    try:
-        try:
-            for step in range(start + 1, until + 1):
-                reason = stopper.before_step(ledger.unsaved)
-                if reason is not None:
-                    _interrupt(kind, [ledger], [state], reason, None)
-                clock = stopper.clock()
-                flight = stopping.start_step(lambda state=state: program.step(state))
-                ledger.write()  # the previous step's files, while this one computes
-                outcome = flight.wait(stopper, ledger.unsaved)
-                if outcome.abandoned is not None:
-                    _interrupt(kind, [ledger], [state], outcome.abandoned, step)
-                state, record = outcome.value
-                # in turn, the step's files are written now; beside the next step, then
-                line = (ledger.account if overlap else ledger.record)(state, record,
-                                                                      outcome.seconds)
-                stopper.note_cycle(stopper.clock() - clock)
-                bar.set_postfix({kind.step_key: f"{step}/{until}", **program.postfix(line)},
-                                refresh=False)
-                bar.update(1)
-                if ledger.stopped:
-                    break
-            ledger.write()
-        finally:
-            bar.close()
-            ledger.close_checkpoints()
-        plots = ledger.finish()
-    finally:
-        ledger.close_trackers()
-    return kind.result(run_dir, config, program, state, history, plots)
+def _postfix(kind: RunKind, joint: JointProgram, ledgers: list[RunLedger],
+             lines: list[dict[str, Any]], seconds: float) -> dict[str, Any]:
+    """What the bar shows after a step the active runs recorded as ``lines``: the steps
+    and the program's postfix of the best line; with several runs, also how many still
+    train and the joint step's rate."""
+    steps = {kind.step_key: f"{min(ledger.done_steps for ledger in ledgers)}/"
+                            f"{max(ledger.until for ledger in ledgers)}"}
+    best = max(lines, key=lambda line: score_of_line(line, kind.score_key))
+    shown = ledgers[0].program.postfix(best)
+    if len(ledgers) == 1:
+        return {**steps, **shown}
+    rate = joint.agent_steps_per_step / seconds if seconds > 0 else math.nan
+    return {**steps, "runs": sum(ledger.active for ledger in ledgers), **shown,
+            "steps_per_s": f"{rate:.3g}"}
 
 
 def _resume_dir(run_dirs: list[Path]) -> Path:
@@ -530,97 +612,56 @@ def _interrupt(kind: RunKind, ledgers: list[RunLedger], states: list, reason: st
 
 @dataclass
 class JointMember:
-    """One run of a joint program (:func:`train_jointly`): its directory, its own program
-    (config, budget, ``summary``, ``after_step``, ``postfix``: the program of the run
-    alone), its state and its lines so far."""
+    """One run of a joint program (:func:`train_jointly`), or a run trained alone
+    (:func:`train_member`): its directory, its own program (config, budget, ``summary``,
+    ``after_step``, ``postfix``: the program of the run alone), its state and its lines so
+    far."""
 
     run_dir: Path
-    program: Any
+    program: Program
     state: Any
     history: list[dict[str, Any]] = field(default_factory=list)
     events: list[dict[str, Any]] = field(default_factory=list)
 
 
 def train_member(kind: RunKind, member: JointMember) -> SteppedRun:
-    """Take ``member``'s remaining steps alone (as :func:`resume_run` does after
-    :func:`prepare_resume`)."""
-    return _train(kind, member.program, member.state, member.run_dir, member.history,
-                  member.events)
+    """Take ``member``'s remaining steps alone (as :func:`start_run` does, and
+    :func:`resume_run` after :func:`prepare_resume`): :func:`train_jointly` with one
+    member, its program the joint program of itself."""
+    (run,) = train_jointly(kind, _Alone(member.program), [member],
+                           member.program.config.name)
+    return run
 
 
-def train_jointly(kind: RunKind, joint, members: list[JointMember], name: str
+def train_jointly(kind: RunKind, joint: JointProgram, members: list[JointMember], name: str
                   ) -> list[SteppedRun]:
     """Advance the runs of ``members`` together, one step of ``joint`` for all of them at a
     time, each run recording its own steps as it would alone (:class:`RunLedger`: its
-    metrics, checkpoints, files, trackers and status in its own directory).
+    metrics, checkpoints every ``run.checkpoint_every`` steps and at the end, files,
+    trackers and status in its own directory). The one training loop of every run kind: a
+    run alone is the one-member case (:func:`train_member`).
 
-    ``joint`` is a program over the members' states together:
-
-    - ``combine(states) -> joint_state``: the members' states as one;
-    - ``step(joint_state) -> (joint_state, record)``: one step of every member;
-    - ``split(joint_state, record) -> [(state, record), ...]``: each member's state and
-      record (what its program's ``summary`` reads) after the step, in order;
-    - ``agent_steps_per_step``: environment steps of one such step, all members together.
-
-    Members may start at different steps and have different budgets: every step advances
-    all of them, and a member records the step only while it has steps left (one that has
-    finished, or stopped itself after ``run.max_invalid_generations`` invalid steps, is
-    carried along unrecorded), so each member's steps are those it takes alone from its
-    own state. Each line's ``seconds`` is the joint step's. Returns each member's
-    :class:`SteppedRun`; :class:`RunStopped` is raised at the end, after every other
-    member has finished, when any member stopped itself. A time limit or a signal stops
-    every run after the same joint step (:class:`RunInterrupted`, naming the parent that
-    ``metarl resume`` continues).
+    Each step's host work runs beside the next step (module doc). Members may start at
+    different steps and have different budgets: every step advances all of them, and a
+    member records the step only while it has steps left (one that has finished, or stopped
+    itself after ``run.max_invalid_generations`` invalid steps, is carried along
+    unrecorded), so each member's steps are those it takes alone from its own state. Each
+    line's ``seconds`` is the joint step's. Returns each member's :class:`SteppedRun`;
+    :class:`RunStopped` is raised at the end, after every other member has finished, when
+    any member stopped itself. A time limit or a signal (:mod:`metarl.runs.stopping`) stops
+    every run after the same step, the last completed step checkpointed
+    (:class:`RunInterrupted`, naming the directory that ``metarl resume`` continues: the
+    run, or the parent of replicated runs).
     """
     stopper = stopping.current()
-    overlap = overlaps_host_work()
     ledgers = [RunLedger(kind, m.program, m.run_dir, m.history, m.events,
                          m.program.completed(m.state), stopper) for m in members]
     states = [m.state for m in members]
-    first = members[0].program.config
-    bar = _progress_bar(sum(ledger.until for ledger in ledgers),
-                        sum(min(ledger.done_steps, ledger.until) for ledger in ledgers),
-                        f"{name} ({len(members)} runs)", kind.step_key, first)
+    bar = _progress_bar(kind, ledgers, name)
     stops, plots = [], [[] for _ in members]
     try:
         try:
-            joint_state = (joint.combine(states) if any(ledger.active for ledger in ledgers)
-                           else None)
-            while any(ledger.active for ledger in ledgers):
-                unsaved = any(ledger.unsaved for ledger in ledgers if ledger.active)
-                reason = stopper.before_step(unsaved)
-                if reason is not None:
-                    _interrupt(kind, ledgers, states, reason, None)
-                clock = stopper.clock()
-                flight = stopping.start_step(
-                    lambda joint_state=joint_state: joint.step(joint_state))
-                for ledger in ledgers:  # the previous step's files, while this one computes
-                    ledger.write()
-                outcome = flight.wait(stopper, any(ledger.unsaved for ledger in ledgers
-                                                   if ledger.active))
-                if outcome.abandoned is not None:
-                    lost = 1 + min(ledger.done_steps for ledger in ledgers if ledger.active)
-                    _interrupt(kind, ledgers, states, outcome.abandoned, lost)
-                joint_state, record = outcome.value
-                seconds = outcome.seconds
-                lines = []
-                for index, (state, member_record) in enumerate(joint.split(joint_state,
-                                                                           record)):
-                    if ledgers[index].active:
-                        states[index] = state
-                        ledger = ledgers[index]
-                        lines.append((ledger.account if overlap else ledger.record)(
-                            state, member_record, seconds))
-                stopper.note_cycle(stopper.clock() - clock)
-                best = max(lines, key=lambda line: score_of_line(line, kind.score_key))
-                behind = min(ledger.done_steps for ledger in ledgers)
-                until = max(ledger.until for ledger in ledgers)
-                rate = joint.agent_steps_per_step / seconds if seconds > 0 else math.nan
-                bar.set_postfix({kind.step_key: f"{behind}/{until}",
-                                 "runs": sum(ledger.active for ledger in ledgers),
-                                 **members[0].program.postfix(best),
-                                 "steps_per_s": f"{rate:.3g}"}, refresh=False)
-                bar.update(len(lines))
+            _take_steps(kind, joint, ledgers, states, stopper, bar)
             for ledger in ledgers:
                 ledger.write()
         finally:
@@ -639,6 +680,46 @@ def train_jointly(kind: RunKind, joint, members: list[JointMember], name: str
         raise RunStopped(" | ".join(stops))
     return [kind.result(m.run_dir, m.program.config, m.program, state, m.history, figures)
             for m, state, figures in zip(members, states, plots, strict=True)]
+
+
+def _take_steps(kind: RunKind, joint: JointProgram, ledgers: list[RunLedger], states: list,
+                stopper: stopping.Stopper, bar) -> None:
+    """Step ``joint`` until no run of ``ledgers`` has steps left, ``states`` kept as each
+    run's state after its last completed step. Each step's files are written beside the
+    next step (:meth:`RunLedger.account`, then :meth:`RunLedger.write` once the next step
+    is in flight), or in turn where :func:`overlaps_host_work` says no. Raises
+    :class:`RunInterrupted` on a time limit or a signal."""
+    overlap = overlaps_host_work()
+
+    def unsaved() -> bool:
+        return any(ledger.unsaved for ledger in ledgers if ledger.active)
+
+    joint_state = (joint.combine(states) if any(ledger.active for ledger in ledgers)
+                   else None)
+    while any(ledger.active for ledger in ledgers):
+        reason = stopper.before_step(unsaved())
+        if reason is not None:
+            _interrupt(kind, ledgers, states, reason, None)
+        clock = stopper.clock()
+        flight = stopping.start_step(lambda joint_state=joint_state: joint.step(joint_state))
+        for ledger in ledgers:  # the previous step's files, while this one computes
+            ledger.write()
+        outcome = flight.wait(stopper, unsaved())
+        if outcome.abandoned is not None:
+            lost = 1 + min(ledger.done_steps for ledger in ledgers if ledger.active)
+            _interrupt(kind, ledgers, states, outcome.abandoned, lost)
+        joint_state, record = outcome.value
+        lines = []
+        for index, (state, member_record) in enumerate(joint.split(joint_state, record)):
+            ledger = ledgers[index]
+            if ledger.active:
+                states[index] = state
+                # in turn, the step's files are written now; beside the next step, then
+                lines.append((ledger.account if overlap else ledger.record)(
+                    state, member_record, outcome.seconds))
+        stopper.note_cycle(stopper.clock() - clock)
+        bar.set_postfix(_postfix(kind, joint, ledgers, lines, outcome.seconds), refresh=False)
+        bar.update(len(lines))
 
 
 def new_run_dir(config) -> Path:
@@ -663,21 +744,16 @@ def start_run(kind: RunKind, config, run_dir: str | Path | None = None, mesh=Non
     files = {}
     if kind.record_sources is not None:
         config, files = kind.record_sources(config, run_dir)
-    program = kind.build(config, mesh)  # checks the config fully before anything is written
+    program = kind.make_program(config, mesh)  # checks the config before anything is written
     check_trackers(config.run.trackers)
     with started_run(run_dir, config.to_dict(),
                      command=f"{kind.command} --run-dir {run_dir}", normalize=kind.normalize,
                      budget_fields=kind.budget_fields, files=files, kind=kind.name,
                      budget=program.steps, backend=current_backend()):
-        return _train(kind, program, program.init(), run_dir, [], [])
+        return train_member(kind, JointMember(run_dir, program, program.init()))
 
 
-def _template(program):
-    template = getattr(program, "template", None)
-    return template() if template is not None else program.init()
-
-
-def _find_checkpoint(kind: RunKind, run_dir: Path, program, *, accept: bool,
+def _find_checkpoint(kind: RunKind, run_dir: Path, program: Program, *, accept: bool,
                      writer: bool):
     def validate(step: int, state, meta: dict[str, Any]) -> None:
         if program.completed(state) != step:
@@ -687,7 +763,7 @@ def _find_checkpoint(kind: RunKind, run_dir: Path, program, *, accept: bool,
             raise DamagedCheckpoint(step, f"its history lacks that {kind.step_key}")
 
     checkpointer = _checkpointer(kind, run_dir, program.config)
-    template = _template(program)  # real arrays: their shardings are where the restore goes
+    template = program.template()  # real arrays: their shardings are where the restore goes
     try:
         return find_resume_point(
             run_dir, checkpointer, template, config=program.config.to_dict(),
@@ -751,9 +827,9 @@ def prepare_resume(kind: RunKind, run_dir: Path, steps: int | None = None,
     by the caller: the program, the state of the newest usable checkpoint (or the initial
     state), the history and events up to it, the budget and trackers changed and recorded,
     ``metrics.jsonl`` and the status written. Returns them as a :class:`JointMember`
-    (trained by :func:`_train` alone, or by :func:`train_jointly` with others)."""
+    (trained by :func:`train_member` alone, or by :func:`train_jointly` with others)."""
     config = kind.read_config(run_dir)
-    program = kind.build(config, mesh)
+    program = kind.make_program(config, mesh)
     found = _find_checkpoint(kind, run_dir, program, accept=accept_config_change,
                              writer=True)
     if found is None:
@@ -859,7 +935,7 @@ def load_run(kind: RunKind, run_dir: str | Path) -> SteppedRun:
     """Read a run back (newest usable checkpoint, config and history) without running or
     changing anything; damaged checkpoints are skipped with a warning."""
     run_dir = Path(run_dir)
-    program = kind.build(kind.read_config(run_dir), None)
+    program = kind.make_program(kind.read_config(run_dir), None)
     found = _find_checkpoint(kind, run_dir, program, accept=True, writer=False)
     if found is None:
         raise CheckpointError(f"no complete checkpoint in {run_dir / 'checkpoints'}")
