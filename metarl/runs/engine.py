@@ -99,7 +99,7 @@ from metarl.runs.layout import (
 )
 from metarl.runs.lock import hold_run_lock
 from metarl.runs.replicates import is_replicated
-from metarl.runs.resume import find_resume_point, notify
+from metarl.runs.resume import ResumePoint, find_resume_point, notify
 from metarl.runs.start import started_run
 
 TRACKERS_FIELD = "run.trackers"  # where a run's metrics go: may change when it continues
@@ -830,32 +830,79 @@ def prepare_resume(kind: RunKind, run_dir: Path, steps: int | None = None,
     (trained by :func:`train_member` alone, or by :func:`train_jointly` with others)."""
     config = kind.read_config(run_dir)
     program = kind.make_program(config, mesh)
+    start = _restore_newest_checkpoint(kind, run_dir, program, accept_config_change)
+    until = _budget_to_continue_to(kind, run_dir, program, steps, start)
+    config, records = _change_budget_and_trackers(kind, program, config, until, trackers)
+    if distributed.is_primary():
+        remove_stale_temporaries(run_dir)
+        _record_accepted_config_change(run_dir, start, config)
+        _record_budget_and_trackers(run_dir, records, start.done, config)
+        backend = _record_backend(run_dir, start)
+        write_metrics(run_dir, start.history, start.events, step_key=kind.step_key)
+        write_status(run_dir, "running", resumed=now(), kind=kind.name, budget=until,
+                     backend=backend)
+    _warn_if_devices_changed(run_dir, start.history, _devices(program))
+    return JointMember(run_dir, program, start.state, start.history, start.events)
+
+
+@dataclass
+class _ResumeStart:
+    """Where a resume starts: the steps done, the state, the lines and events up to it,
+    and the checkpoint they were read from (``None``: the run starts from the beginning)."""
+
+    done: int
+    state: Any
+    history: list[dict[str, Any]]
+    events: list[dict[str, Any]]
+    found: ResumePoint | None
+
+
+def _restore_newest_checkpoint(kind: RunKind, run_dir: Path, program: Program,
+                               accept_config_change: bool) -> _ResumeStart:
+    """The newest usable checkpoint of ``run_dir`` restored (damaged ones skipped, a
+    changed config refused unless accepted: :func:`_find_checkpoint`), its lines and events
+    up to its step; the initial state when the run has none."""
     found = _find_checkpoint(kind, run_dir, program, accept=accept_config_change,
                              writer=True)
     if found is None:
         notify(f"{run_dir} has no complete checkpoint (the run stopped before its first "
                "one, so nothing was lost): starting it from the beginning")
-        done, state, history, events = 0, program.init(), [], []
-    else:
-        done, state = found.step, found.state
-        history = [line for line in found.meta["history"] if line[kind.step_key] <= done]
-        events = [event for event in found.meta.get("events", [])
-                  if event.get("after_step", 0) <= done]
-        if found.skipped:
-            notify(f"resuming {run_dir} from checkpoint {done}, the newest one that "
-                   "reads back")
+        return _ResumeStart(0, program.init(), [], [], None)
+    done = found.step
+    history = [line for line in found.meta["history"] if line[kind.step_key] <= done]
+    events = [event for event in found.meta.get("events", [])
+              if event.get("after_step", 0) <= done]
+    if found.skipped:
+        notify(f"resuming {run_dir} from checkpoint {done}, the newest one that reads back")
+    return _ResumeStart(done, found.state, history, events, found)
+
+
+def _budget_to_continue_to(kind: RunKind, run_dir: Path, program: Program,
+                           steps: int | None, start: _ResumeStart) -> int:
+    """The steps the resumed run ends at (``steps``, or its budget): refused below those
+    it has done; a run that has done them all is told it has nothing to continue."""
     until = program.steps if steps is None else steps
+    done = start.done
     if until < done:
         raise RunError(f"generations: the run already has {done} {kind.step_key}s "
                        f"(> {until})")
-    if done >= until and found is not None:
+    if done >= until and start.found is not None:
         extend = (f"`metarl resume {run_dir} --generations N` continues it to N"
                   if kind.budget_field else
                   f"the budget of a {kind.name} run shapes its schedules: start a new "
                   "run to train longer")
         notify(f"{run_dir} has finished its {until} {kind.step_key}s; nothing to "
                f"continue ({extend})")
-    records = []  # (record name, field, old, new) of what this resume changes
+    return until
+
+
+def _change_budget_and_trackers(kind: RunKind, program: Program, config, until: int,
+                                trackers: tuple[str, ...] | None
+                                ) -> tuple[Any, list[tuple[str, str, Any, Any]]]:
+    """``config`` with the new budget ``until`` and ``trackers`` (the program's too: neither
+    shapes anything compiled), and the records of what changed: ``(record name, field,
+    old, new)``."""
+    records = []
     if kind.budget_field and until != program.steps:
         records.append(("budget", kind.budget_field, program.steps, until))
         config = _replace_field(config, kind.budget_field, until)
@@ -863,35 +910,48 @@ def prepare_resume(kind: RunKind, run_dir: Path, steps: int | None = None,
         records.append(("trackers", TRACKERS_FIELD, list(config.run.trackers),
                         list(trackers)))
         config = _replace_field(config, TRACKERS_FIELD, tuple(trackers))
-    if records:  # neither shapes anything compiled
+    if records:
         program.config, program.steps = config, until
-    if distributed.is_primary():
-        remove_stale_temporaries(run_dir)
-        if found is not None and found.changes:
-            changes = config_history.change_record(found.changes)
-            events.append({"event": "config_change", "after_step": done,
-                           "time": now(), "changes": changes})
-            config_history.record(run_dir, "config_change", after_step=done,
-                                  changes=changes, config=config.to_dict())
-            notify(f"continuing with a changed config (accepted, recorded in "
-                   f"{METRICS_FILE} and {config_history.CONFIG_HISTORY_FILE}): "
-                   f"{config_history.format_changes(found.changes)}")
-        for record, path, old, new in records:
-            config_history.record(run_dir, record, after_step=done,
-                                  changes=[{"field": path, "old": old, "new": new}])
-        if records:
-            write_json(run_dir / CONFIG_FILE, config.to_dict(), run_dir)
-        backend = current_backend()
-        before = found.meta.get("backend") if found is not None else None
-        if before is not None and before != backend:
-            events.append({"event": "backend_change", "after_step": done, "time": now(),
-                           "from": before, "to": backend})
-            _warn_backend_changed(run_dir, before, backend)
-        write_metrics(run_dir, history, events, step_key=kind.step_key)
-        write_status(run_dir, "running", resumed=now(), kind=kind.name, budget=until,
-                     backend=backend)
-    _warn_if_devices_changed(run_dir, history, _devices(program))
-    return JointMember(run_dir, program, state, history, events)
+    return config, records
+
+
+def _record_accepted_config_change(run_dir: Path, start: _ResumeStart, config) -> None:
+    """A config change the resume accepted, as an event of the run's lines and in
+    ``config_history.jsonl``, and told."""
+    found = start.found
+    if found is None or not found.changes:
+        return
+    changes = config_history.change_record(found.changes)
+    start.events.append({"event": "config_change", "after_step": start.done,
+                         "time": now(), "changes": changes})
+    config_history.record(run_dir, "config_change", after_step=start.done,
+                          changes=changes, config=config.to_dict())
+    notify(f"continuing with a changed config (accepted, recorded in {METRICS_FILE} and "
+           f"{config_history.CONFIG_HISTORY_FILE}): "
+           f"{config_history.format_changes(found.changes)}")
+
+
+def _record_budget_and_trackers(run_dir: Path, records: list[tuple[str, str, Any, Any]],
+                                done: int, config) -> None:
+    """A new budget or trackers (:func:`_change_budget_and_trackers`) in
+    ``config_history.jsonl`` and ``config.json``."""
+    for record, path, old, new in records:
+        config_history.record(run_dir, record, after_step=done,
+                              changes=[{"field": path, "old": old, "new": new}])
+    if records:
+        write_json(run_dir / CONFIG_FILE, config.to_dict(), run_dir)
+
+
+def _record_backend(run_dir: Path, start: _ResumeStart) -> dict[str, str]:
+    """This process's backend (returned), and when the checkpoint was made on another one
+    a ``backend_change`` event in the run's lines and a warning."""
+    backend = current_backend()
+    before = start.found.meta.get("backend") if start.found is not None else None
+    if before is not None and before != backend:
+        start.events.append({"event": "backend_change", "after_step": start.done,
+                             "time": now(), "from": before, "to": backend})
+        _warn_backend_changed(run_dir, before, backend)
+    return backend
 
 
 def _describe_backend(backend: dict[str, str]) -> str:
@@ -913,7 +973,7 @@ def _warn_backend_changed(run_dir: Path, before: dict[str, str],
         "uninterrupted run's (float rounding, which training amplifies); recorded as a "
         f"backend_change event in {METRICS_FILE}. To continue it exactly, resume it on "
         f"{before.get('platform', 'the same backend')}.",
-        UserWarning, stacklevel=3,
+        UserWarning, stacklevel=4,  # the caller of prepare_resume
     )
 
 
