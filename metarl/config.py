@@ -22,6 +22,7 @@ import json
 import tomllib
 import types
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -176,10 +177,13 @@ def coerce(path: str, value, annotation):
     return value
 
 
-def build_table(cls, data: dict, path: str):
+def build_table(cls, data: dict, path: str,
+                unknown_note: Callable[[str], str] | None = None):
     """The dataclass ``cls`` from the table ``data`` at the dotted ``path`` (``""`` for
     the top level): unknown fields, values of the wrong type and the dataclass's own
-    ``ValueError`` become a :class:`ConfigError` naming the field's path."""
+    ``ValueError`` become a :class:`ConfigError` naming the field's path.
+    ``unknown_note(name)`` adds to an unknown field's error what the field is instead
+    (a table of several types: whose field it is)."""
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a table, got {data!r}")
     hints = typing.get_type_hints(cls)
@@ -187,8 +191,9 @@ def build_table(cls, data: dict, path: str):
     unknown = sorted(set(data) - set(names))
     if unknown:
         where = f"{path}." if path else ""
+        note = unknown_note(unknown[0]) if unknown_note else ""
         raise ConfigError(
-            f"{where}{unknown[0]}: unknown field; allowed: {', '.join(names)}"
+            f"{where}{unknown[0]}: unknown field{note}; allowed: {', '.join(names)}"
         )
     kwargs = {}
     for name, value in data.items():
@@ -241,11 +246,20 @@ def build_inner(entry: Any, path: str):
 
 def upgrade_saved_config(data: dict[str, Any]) -> dict[str, Any]:
     """A run's saved ``config.json`` data in today's form: runs written by metarl 0.1 say
-    ``run.chunk_size = 0`` for what is now ``"auto"``, and name no ``algorithm`` (PPO)."""
+    ``run.chunk_size = 0`` for what is now ``"auto"``, and name no ``algorithm`` (PPO); an
+    evolution's ``[meta]`` table keeps its ``method`` alone."""
     data = json.loads(json.dumps(data))
     run = data.get("run")
     if isinstance(run, dict) and run.get("chunk_size") == 0:
         run["chunk_size"] = AUTO
+    meta = data.get("meta")
+    if (data.get("kind", "evolve") == "evolve" and isinstance(meta, dict)
+            and meta.get("method", "evolution") == "evolution"):
+        # [meta] was once one table for both engines, whose method "evolution" took the
+        # meta-gradient fields at their defaults only (so a saved one that validated holds
+        # nothing else); its evolution type (metarl.evolve.metagradient_config.
+        # EvolutionMeta) has none of them now, and would refuse them as unknown fields
+        data["meta"] = {"method": "evolution"}
     return data
 
 

@@ -57,6 +57,12 @@ KIND_MODULES = {
     DVD: "metarl.population.dvd_run",
 }
 KINDS = tuple(KIND_MODULES)
+# the run kind of an evolution experiment by its [meta] table's method (its engine): the
+# same experiment files and run directories, another program and budget field
+ENGINE_MODULES = {
+    "evolution": KIND_MODULES[EVOLVE],
+    "metagradient": "metarl.evolve.metagradient_kind",
+}
 
 
 def kind_of(data: dict[str, Any]) -> str:
@@ -74,12 +80,12 @@ def kind_spec(kind: str):
 
 def run_spec(config):
     """The :class:`~metarl.runs.engine.RunKind` a run of ``config`` trains on: its kind's,
-    or for an evolution experiment with ``meta.method = "metagradient"`` the meta-gradient
-    engine's (:mod:`metarl.evolve.metagradient_kind`: another program and budget field,
-    every file of the run the same)."""
+    or for an evolution experiment its engine's, by ``meta.method`` (:data:`ENGINE_MODULES`:
+    with ``"metagradient"``, :mod:`metarl.evolve.metagradient_kind`, another program and
+    budget field, every file of the run the same)."""
     kind = config_kind(config)
-    if kind == EVOLVE and config.meta.metagradient:
-        return importlib.import_module("metarl.evolve.metagradient_kind").RUN_KIND
+    if kind == EVOLVE:
+        return importlib.import_module(ENGINE_MODULES[config.meta.method]).RUN_KIND
     return kind_spec(kind)
 
 

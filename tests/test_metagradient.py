@@ -44,11 +44,13 @@ from _kill import kill_inside_save
 from jax.flatten_util import ravel_pytree
 
 from metarl.cli import main
-from metarl.config import ConfigError
+from metarl.config import ConfigError, apply_overrides, upgrade_saved_config
 from metarl.evolve import report as report_module
 from metarl.evolve.config import config_from_dict
+from metarl.evolve.engines import engine_of
 from metarl.evolve.generation import Evolution, search_start
 from metarl.evolve.metagradient import MetaGradient, first_lifetimes, metagradient_start
+from metarl.evolve.metagradient_config import EvolutionMeta, MetaGradientConfig
 from metarl.evolve.metagradient_kind import MetaGradientResult
 from metarl.kinds import evaluate, load_experiment, load_run, plot, resume, start
 from metarl.runs.layout import read_metrics
@@ -175,8 +177,12 @@ def test_the_config_names_every_field_it_refuses():
         "meta.unroll: must be a positive integer": {"meta": {**data["meta"], "unroll": 0}},
         "meta.objective: got 'return'; allowed: actor_critic, policy, value_error":
             {"meta": {**data["meta"], "objective": "return"}},
-        "meta.steps: a setting of meta-gradient runs; with meta.method = 'evolution'":
-            {"meta": {"steps": 3}},
+        "meta.steps: unknown field with meta.method = 'evolution'; a setting of "
+        "meta.method = 'metagradient'; allowed: method": {"meta": {"steps": 3}},
+        "meta.method: got 'gradient'; allowed: evolution, metagradient":
+            {"meta": {"method": "gradient"}},
+        "meta.populations: unknown field; allowed: method, steps, ":
+            {"meta": {**data["meta"], "populations": 2}},
         "es.population_size: a meta-gradient run .* has no evolution strategy":
             {"es": {"population_size": 4}},
         "fitness.seeds_per_candidate: not a setting of a meta-gradient run":
@@ -214,6 +220,45 @@ def test_an_evolution_config_reads_and_writes_as_before():
     data = metagradient.to_dict()
     assert "es" not in data and data["meta"]["steps"] == 7
     assert config_from_dict(data) == metagradient
+
+
+def test_the_meta_table_is_a_type_per_method():
+    """``method`` picks the table's type; a saved evolution ``[meta]`` holding the
+    meta-gradient fields at their defaults (the one table of both engines took them) still
+    reads back, and ``--set meta.X`` reaches the meta-gradient's fields."""
+    evolution = config_from_dict({k: v for k, v in DRIFT.items() if k != "meta"})
+    assert isinstance(evolution.meta, EvolutionMeta)
+    metagradient = config_from_dict(DRIFT)
+    assert isinstance(metagradient.meta, MetaGradientConfig)
+    assert metagradient.meta == MetaGradientConfig(agents=2)
+    assert EvolutionMeta() != MetaGradientConfig()
+    with pytest.raises(ConfigError, match="meta.method: this .meta. table is one of method "
+                                          "'metagradient', got 'evolution'"):
+        MetaGradientConfig(method="evolution")
+    saved = {**evolution.to_dict(),
+             "meta": {**dataclasses.asdict(MetaGradientConfig()), "method": "evolution"}}
+    with pytest.raises(ConfigError, match="meta.agents: unknown field with meta.method = "
+                                          "'evolution'"):
+        config_from_dict(saved)  # an experiment file's is refused
+    assert config_from_dict(upgrade_saved_config(saved)) == evolution
+    changed = apply_overrides(DRIFT, ["meta.unroll=2", "meta.objective='policy'"])
+    assert config_from_dict(changed).meta == MetaGradientConfig(agents=2, unroll=2,
+                                                                objective="policy")
+
+
+def test_each_engine_starts_its_search_where_its_run_did():
+    """``metarl evaluate --start`` trains the engine's start (engines.engine_of): an
+    evolution's search_start of run.seed, a meta-gradient run's with its noise."""
+    noisy = config_from_dict(experiment(DRIFT, init_noise=0.1))
+    evolution = config_from_dict({k: v for k, v in DRIFT.items() if k != "meta"})
+    objective = noisy.objective.build()
+    assert engine_of(noisy).members == "agents"
+    assert engine_of(evolution).members == "candidates"
+    for config, start_params in ((noisy, metagradient_start(objective, noisy)),
+                                 (evolution, search_start(objective, evolution.run.seed))):
+        np.testing.assert_array_equal(
+            ravel_pytree(engine_of(config).search_start(objective, config))[0],
+            ravel_pytree(start_params)[0])
 
 
 def test_agents_are_staggered_over_their_lifetime():
@@ -376,11 +421,10 @@ def test_sharded_over_two_devices_equals_one_device():
 
 
 def test_dataclass_fields_of_the_run_config_are_all_documented():
-    """Every [meta] field is in MetaConfig's docstring (what the guide will point to)."""
-    from metarl.evolve.metagradient_config import MetaConfig
-
-    for field in dataclasses.fields(MetaConfig):
-        assert f"    {field.name}:" in MetaConfig.__doc__, field.name
+    """Every [meta] field is in its type's docstring (what the guide will point to)."""
+    for meta_type in (EvolutionMeta, MetaGradientConfig):
+        for field in dataclasses.fields(meta_type):
+            assert f"    {field.name}:" in meta_type.__doc__, field.name
 
 
 def test_a_run_whose_meta_gradient_stays_exactly_zero_warns_once(reference):

@@ -17,6 +17,7 @@ from _subprocess_env import jax_cache_env
 
 from metarl.cli import main
 from metarl.config import ConfigError
+from metarl.evolve.metagradient_config import MetaGradientConfig
 from metarl.kinds import load_experiment
 from metarl.shipped import experiment_path, shipped_experiments
 
@@ -104,7 +105,7 @@ def test_run_list_takes_no_experiment(capsys):
 
 def test_the_metagradient_experiment_is_the_metagradient_engine():
     config = load_experiment("metagradient_cartpole")
-    assert config.meta.metagradient
+    assert isinstance(config.meta, MetaGradientConfig)
     assert config.objective.name == "value_distance"
     assert config.inner[0].env_id == "CartPole-v1"
     assert (config.meta.steps, config.meta.unroll, config.meta.agents) == (150, 4, 8)

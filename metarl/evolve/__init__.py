@@ -5,8 +5,8 @@ One module per job, each importing only those listed before it:
 
 - :mod:`.strategies`: the evosax strategies by name, what settings reach each, and how each
   starts, asks and is told (evosax is imported only when one is built);
-- :mod:`.metagradient_config`: the ``[meta]`` table, which engine searches (evolution or
-  meta-gradients) and the meta-gradient engine's settings;
+- :mod:`.metagradient_config`: the ``[meta]`` table, one type per engine that searches
+  (evolution or meta-gradients), the meta-gradient engine's with its settings;
 - :mod:`.config`: the experiment file's tables (objective, inner, es, fitness, run, meta);
 - :mod:`.fitness`: training runs of candidates × seeds × environments -> one fitness each;
 - :mod:`.rungs`: a generation trained in rungs that stop all but the best candidates
@@ -14,6 +14,8 @@ One module per job, each importing only those listed before it:
 - :mod:`.generation`: the jitted generation (ask, train, score, tell) and its state;
 - :mod:`.metagradient`: the other engine, the jitted meta-gradient step (``K`` PPO updates
   of every agent differentiated with respect to the meta-parameters) and its state;
+- :mod:`.engines`: what reading a run needs of the engine that ran it (where its search
+  started, its fitness figure), by the type of its ``[meta]`` table;
 - :mod:`.tuning`: each objective searched over its declared grid on tuning seeds (tuned
   baselines, and fitness normalised by the tuned baseline);
 - :mod:`.evaluate`: the evolved objective against baselines on held-out seeds;

@@ -16,7 +16,8 @@ field is documented on its dataclass below:
                              # tasks_per_generation: how many [[inner]] tasks each
                              # generation samples)
     [run]                    # RunConfig (metarl.config): seeds, chunking, checkpoints, output
-    [meta]                   # optional, MetaConfig: method = "metagradient" discovers by
+    [meta]                   # optional: method = "evolution" (default, EvolutionMeta) or
+                             # "metagradient" (MetaGradientConfig), discovering by
                              # meta-gradients instead (metarl.evolve.metagradient_config)
     [[held_out]]             # optional, as [[inner]]: tasks never trained on during
     env_id = "CartPole-v1"   # evolution, which `metarl evaluate` evaluates on as well
@@ -63,7 +64,7 @@ from metarl.config import (
     plain,
     refuse_tables,
 )
-from metarl.evolve.metagradient_config import METAGRADIENT, MetaConfig
+from metarl.evolve.metagradient_config import EvolutionMeta, MetaGradientConfig, meta_from_dict
 from metarl.evolve.strategies import STRATEGIES as STRATEGY_SPECS
 from metarl.evolve.strategies import available_strategies, check_es_table, check_strategy
 from metarl.population.priors import Prior, hyperparameter_fields
@@ -502,9 +503,12 @@ class ExperimentConfig:
             besides the training tasks, marked "held out". None may be the same task
             (``env_id`` and ``env_params``) as a training task or another held-out one.
             Empty by default.
-        meta: see :class:`~metarl.evolve.metagradient_config.MetaConfig`: the engine
-            (evolution by default; ``method = "metagradient"`` takes meta-gradient steps
-            instead, and then has no ``[es]`` table).
+        meta: the engine, a type per ``method``
+            (:func:`~metarl.evolve.metagradient_config.meta_from_dict`):
+            :class:`~metarl.evolve.metagradient_config.EvolutionMeta` (the default) or
+            :class:`~metarl.evolve.metagradient_config.MetaGradientConfig`, whose
+            meta-gradient steps have no ``[es]`` table. It refuses the settings of the
+            other tables that its engine does not read (``check_experiment``).
     """
 
     name: str = "experiment"
@@ -515,7 +519,7 @@ class ExperimentConfig:
     fitness: FitnessConfig = field(default_factory=FitnessConfig)
     run: RunConfig = field(default_factory=RunConfig)
     held_out: tuple[Any, ...] = ()
-    meta: MetaConfig = field(default_factory=MetaConfig)
+    meta: EvolutionMeta | MetaGradientConfig = field(default_factory=EvolutionMeta)
 
     def __post_init__(self):
         for table in ("inner", "held_out"):
@@ -548,33 +552,10 @@ class ExperimentConfig:
                 f"mean_return over a run; {self.fitness.metric!r} scores the run's end "
                 "alone. Use \"mean_return\"")
         self._check_task_sampling()
-        if self.meta.metagradient:
-            self._check_metagradient()
-
-    def _check_metagradient(self) -> None:
-        """A meta-gradient run has no evolution strategy and scores one PPO task: the
-        settings that would not apply are refused, each named."""
-        meta = f"a meta-gradient run (meta.method = {METAGRADIENT!r})"
-        default_es = ESConfig()
-        for field_ in dataclasses.fields(ESConfig):
-            if getattr(self.es, field_.name) != getattr(default_es, field_.name):
-                raise ConfigError(f"es.{field_.name}: {meta} has no evolution strategy, so "
-                                  "no [es] table; its settings are in [meta] (its budget "
-                                  "meta.steps)")
-        default_fitness = FitnessConfig()
-        for field_ in dataclasses.fields(FitnessConfig):
-            if (field_.name not in ("metric", "final_fraction")
-                    and getattr(self.fitness, field_.name) != getattr(default_fitness,
-                                                                       field_.name)):
-                raise ConfigError(f"fitness.{field_.name}: not a setting of {meta}; of "
-                                  "[fitness] it reads metric and final_fraction only")
-        if len(self.inner) != 1:
-            raise ConfigError(f"inner: {meta} trains on one [inner] task; got "
-                              f"{len(self.inner)} (held-out tasks go in [[held_out]])")
-        algorithm = algorithm_of(self.inner[0]).name
-        if algorithm != "ppo":
-            raise ConfigError(f"inner.algorithm: {meta} differentiates through PPO's "
-                              f"updates; got {algorithm!r}")
+        if not isinstance(self.meta, EvolutionMeta | MetaGradientConfig):
+            raise ConfigError(f"meta: expected an EvolutionMeta or a MetaGradientConfig "
+                              f"(metarl.evolve.metagradient_config), got {self.meta!r}")
+        self.meta.check_experiment(self)  # what its engine does not read, refused
 
     def _check_distinct_tasks(self) -> None:
         """No two entries of ``inner`` and ``held_out`` are the same task."""
@@ -649,10 +630,7 @@ class ExperimentConfig:
         data["objective"] = self.objective.to_dict()
         data["inner"] = [inner_to_dict(cfg) for cfg in self.inner]
         data["held_out"] = [inner_to_dict(cfg) for cfg in self.held_out]
-        if self.meta.metagradient:
-            del data["es"]  # none: _check_metagradient keeps it at its defaults
-        elif self.meta == MetaConfig():
-            del data["meta"]  # an evolution's config reads as it did before [meta] existed
+        self.meta.omit_unused(data)  # an evolution's [meta], a meta-gradient run's [es]
         return plain(data)
 
     def replace(self, **changes) -> ExperimentConfig:
@@ -675,11 +653,13 @@ def config_from_dict(data: dict[str, Any]) -> ExperimentConfig:
         raise ConfigError(f"kind: expected 'evolve' here, got {kind!r}")
     refuse_tables(data, "evolve", ("objective", "es", "fitness", "inner", "meta"))
     sections = {"objective": ObjectiveConfig, "es": ESConfig, "fitness": FitnessConfig,
-                "run": RunConfig, "meta": MetaConfig}
+                "run": RunConfig}
     kwargs: dict[str, Any] = {}
     for name, cls in sections.items():
         if name in data:
             kwargs[name] = build_table(cls, data.pop(name), name)
+    if "meta" in data:  # its method picks its type
+        kwargs["meta"] = meta_from_dict(data.pop("meta"))
     if "suite" in data:  # a suite's meta-train side as [[inner]], its meta-test side held out
         taken = [table for table in ("inner", "held_out") if table in data]
         if taken:

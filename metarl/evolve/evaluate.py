@@ -45,10 +45,10 @@ from metarl.evolve import tuning
 from metarl.evolve.across import check_across, evaluate_across, format_across, save_across_figure
 from metarl.evolve.config import ExperimentConfig, FitnessConfig, config_from_dict
 from metarl.evolve.distill import distilled_objective
+from metarl.evolve.engines import engine_of
 from metarl.evolve.fitness import run_is_valid, run_return
-from metarl.evolve.generation import build_learner, search_start
+from metarl.evolve.generation import build_learner
 from metarl.evolve.judging import EVOLVED, START, comparison_pairs, held_out_scores, text_table
-from metarl.evolve.metagradient import metagradient_start
 from metarl.evolve.store import TrainingStore, params_digest
 from metarl.evolve.suite_verdicts import (
     UNTRAINED,
@@ -311,7 +311,8 @@ def evaluate_run(run_dir: str | Path, env_ids: list[str] | None = None, seeds: i
             use, and robust to the few failed seeds of heavy-tailed returns such as
             Acrobot's) or ``"mean"`` (what chose before this option existed).
         start: also train the meta-parameters the search started from
-            (:func:`metarl.evolve.generation.search_start`; a meta-gradient run's,
+            (the ``search_start`` of the run's :class:`~metarl.evolve.engines.Engine`:
+            :func:`metarl.evolve.generation.search_start`, or a meta-gradient run's
             :func:`metarl.evolve.metagradient.metagradient_start`), row ``"start"`` after the
             evolved row, on the same held-out seeds, and with ``tune`` tuned as the
             evolved objective is (row ``"start (tuned)"``). The evolved objective is judged
@@ -386,7 +387,7 @@ def evaluate_run(run_dir: str | Path, env_ids: list[str] | None = None, seeds: i
                           baselines, tasks, tune_by, start, tune_rounds)
     learned = {EVOLVED: meta_params}
     if start:
-        learned[START] = _search_start(objective, config)
+        learned[START] = engine_of(config).search_start(objective, config)
     if tune:
         spec["tune"] = {"seeds": tune_seeds, "tune_seed": tune_seed, "by": tune_by,
                         "rounds": tune_rounds,
@@ -583,15 +584,6 @@ def _untrained(inner, config, seeds: int, eval_seed: int, label: str,
     row = store.get(("untrained", inner, _config_part(config), seeds, eval_seed), train,
                     _row_payload, lambda payload: ObjectiveResult(**payload))
     return dataclasses.replace(row, env_id=label)
-
-
-def _search_start(objective, config: ExperimentConfig):
-    """Where the run's search started: an evolution's
-    (:func:`~metarl.evolve.generation.search_start`) or a meta-gradient run's
-    (:func:`~metarl.evolve.metagradient.metagradient_start`, with its initial noise)."""
-    if config.meta.metagradient:
-        return metagradient_start(objective, config)
-    return search_start(objective, config.run.seed)
 
 
 def evaluation_tasks(config: ExperimentConfig, env_ids: Sequence[str] | None = None

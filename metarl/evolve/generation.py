@@ -52,6 +52,7 @@ from metarl.evolve.fitness import (
     run_is_valid,
     run_return,
 )
+from metarl.evolve.metagradient_config import EvolutionMeta
 from metarl.evolve.rungs import agent_steps, rank_below_survivors, rung_ends, train_in_rungs
 from metarl.evolve.strategies import (
     ask_search,
@@ -190,9 +191,10 @@ class Evolution:
     """
 
     def __init__(self, config: ExperimentConfig, mesh=None):
-        if config.meta.metagradient:
-            raise ConfigError("meta.method: 'metagradient' takes meta-gradient steps "
-                              "(metarl.evolve.metagradient.MetaGradient), not generations")
+        if not isinstance(config.meta, EvolutionMeta):
+            raise ConfigError(f"meta.method: {config.meta.method!r} takes meta-gradient "
+                              "steps (metarl.evolve.metagradient.MetaGradient), not "
+                              "generations")
         self.config = config
         self.mesh = run_mesh(config.run.shard, mesh)
         self.objective = config.objective.build()

@@ -8,9 +8,9 @@ objective of the updated agents, and takes one optimiser step on the meta-parame
 
 **One meta-step** (:meth:`MetaGradient.meta_step`, one ``jit``), for each of ``A`` agents:
 
-1. an agent whose lifetime is over (``meta.lifetime`` updates; staggered at the start, see
-   :class:`~metarl.evolve.metagradient_config.MetaConfig`), or whose parameters are no longer
-   finite, is replaced by a fresh one;
+1. an agent whose lifetime is over (``meta.lifetime`` updates; staggered at the start,
+   see :class:`~metarl.evolve.metagradient_config.MetaGradientConfig`), or whose
+   parameters are no longer finite, is replaced by a fresh one;
 2. :meth:`~MetaGradient.unroll`: ``K = meta.unroll`` PPO updates (rollout, GAE, epochs of
    minibatch steps) under the current meta-parameters ``theta``, through
    :meth:`inner_loops.learner.Learner.advance`; each update is rematerialised in the
@@ -78,6 +78,7 @@ from metarl.config import ConfigError
 from metarl.evolve.config import ExperimentConfig
 from metarl.evolve.fitness import run_return
 from metarl.evolve.generation import build_learner, search_start
+from metarl.evolve.metagradient_config import MetaGradientConfig
 from metarl.programs import program_key, shared_program, strong_types
 from metarl.sharding import put_replicated, replicate, run_mesh, shard_population
 
@@ -162,7 +163,7 @@ class MetaGradient:
 
     def __init__(self, config: ExperimentConfig, mesh=None):
         meta = config.meta
-        if not meta.metagradient:
+        if not isinstance(meta, MetaGradientConfig):
             raise ConfigError(f"meta.method: {meta.method!r} runs an evolution "
                               "(metarl.evolve.generation.Evolution), not meta-gradients")
         self.config, self.meta = config, meta

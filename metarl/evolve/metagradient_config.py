@@ -9,26 +9,30 @@
     agents = 8                # agents trained side by side, each giving a meta-gradient
     learning_rate = 1e-3      # of the meta-optimiser (Adam by default)
 
-With ``method = "evolution"`` (the default, also when the table is absent) nothing else may
-be set here, and the run is the evolution it always was. With ``method = "metagradient"``
-the run differentiates through the agents' own updates
-(:mod:`metarl.evolve.metagradient`); it has no evolution strategy, so the ``[es]`` table
-must be left out, and of ``[fitness]`` only ``metric`` and ``final_fraction`` apply (they
-score the agents' returns and, as for evolution, ``metarl evaluate``'s held-out seeds).
-Every field is documented on :class:`MetaConfig`.
+The table is a tagged union: ``method`` picks its type, :class:`EvolutionMeta` for
+``"evolution"`` (the default, also when the table is absent: nothing else is set here, and
+the run is the evolution it always was) or :class:`MetaGradientConfig` for
+``"metagradient"`` (:func:`meta_from_dict`), and a field of the other type is refused as an
+unknown field naming the method it belongs to. A meta-gradient run differentiates through
+the agents' own updates (:mod:`metarl.evolve.metagradient`); it has no evolution strategy,
+so the ``[es]`` table must be left out, and of ``[fitness]`` only ``metric`` and
+``final_fraction`` apply (they score the agents' returns and, as for evolution, ``metarl
+evaluate``'s held-out seeds). Every field is documented on :class:`MetaGradientConfig`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from typing import Any
 
+from inner_loops.registry import algorithm_of
 from inner_loops.validation import (
     check_choice,
     check_non_negative,
     check_positive,
     check_positive_int,
 )
-from metarl.config import ConfigError
+from metarl.config import ConfigError, build_table
 
 EVOLUTION = "evolution"
 METAGRADIENT = "metagradient"
@@ -39,14 +43,65 @@ OPTIMIZERS = ("adam", "sgd")
 META_OBJECTIVES = ("actor_critic", "policy", "value_error")
 
 
+def meta_from_dict(data: Any, path: str = "meta") -> EvolutionMeta | MetaGradientConfig:
+    """The ``[meta]`` table ``data`` as the type its ``method`` picks (:data:`META_TYPES`;
+    ``"evolution"`` when it names none). A field of another method's type is refused as an
+    unknown field that names the method it belongs to."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a table, got {data!r}")
+    method = check_choice(f"{path}.method", data.get("method", EVOLUTION), METHODS,
+                          ConfigError)
+
+    def belongs_to(name: str) -> str:
+        owners = [other for other, cls in META_TYPES.items()
+                  if name in {field.name for field in fields(cls)}]
+        return (f" with meta.method = {method!r}; a setting of meta.method = "
+                f"{owners[0]!r}" if owners else "")
+
+    return build_table(META_TYPES[method], data, path, unknown_note=belongs_to)
+
+
+def _check_method(method: Any, expected: str) -> None:
+    """The ``method`` a ``[meta]`` type was built with is its own (:func:`meta_from_dict`
+    picks the type from it; only building the type directly can get it wrong)."""
+    if method != expected:
+        raise ConfigError(f"meta.method: this [meta] table is one of method {expected!r}, "
+                          f"got {method!r} (meta_from_dict picks the table's type from its "
+                          "method)")
+
+
 @dataclass(frozen=True)
-class MetaConfig:
-    """How the learned objective's meta-parameters are found.
+class EvolutionMeta:
+    """``[meta]`` of an evolution (``method = "evolution"``, the default, also when the
+    table is absent): the ``[es]`` table's strategy searches, and this table sets nothing
+    else.
 
     Attributes:
-        method: ``"evolution"`` (the ``[es]`` table's strategy; default) or
-            ``"metagradient"`` (gradient descent through the agents' updates; every other
-            field here is its setting, and must keep its default with ``"evolution"``).
+        method: ``"evolution"``.
+    """
+
+    method: str = EVOLUTION
+
+    def __post_init__(self):
+        _check_method(self.method, EVOLUTION)
+
+    def check_experiment(self, config) -> None:
+        """An evolution reads every table of its experiment: nothing of ``config`` to
+        refuse."""
+
+    def omit_unused(self, data: dict[str, Any]) -> None:
+        """Leave ``[meta]`` out of ``data``, the saved form of an experiment: an
+        evolution's ``config.json`` reads as it did before ``[meta]`` existed."""
+        del data["meta"]
+
+
+@dataclass(frozen=True)
+class MetaGradientConfig:
+    """``[meta]`` of a meta-gradient run (``method = "metagradient"``): gradient descent
+    through the agents' own updates (:mod:`metarl.evolve.metagradient`).
+
+    Attributes:
+        method: ``"metagradient"``.
         steps: meta-gradient steps, the run's budget (``metarl resume RUN --generations N``
             extends it to ``N``); a line of ``metrics.jsonl`` per step.
         unroll: ``K``, the inner updates each meta-gradient differentiates through: every
@@ -94,7 +149,7 @@ class MetaConfig:
             finite differences measure it. Default off: rollouts are data, as in LPG.
     """
 
-    method: str = EVOLUTION
+    method: str = METAGRADIENT
     steps: int = 100
     unroll: int = 4
     agents: int = 8
@@ -110,7 +165,7 @@ class MetaConfig:
     rollout_gradient: bool = False
 
     def __post_init__(self):
-        check_choice("meta.method", self.method, METHODS, ConfigError)
+        _check_method(self.method, METAGRADIENT)
         for name in ("steps", "unroll", "agents", "validation_rollouts"):
             check_positive_int(f"meta.{name}", getattr(self, name), ConfigError)
         if isinstance(self.lifetime, bool) or not isinstance(self.lifetime, int) or (
@@ -131,15 +186,39 @@ class MetaConfig:
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"meta.{name}: expected true or false, got "
                                   f"{getattr(self, name)!r}")
-        if self.method == EVOLUTION:
-            for field in fields(self):
-                if field.name != "method" and getattr(self, field.name) != field.default:
-                    raise ConfigError(
-                        f"meta.{field.name}: a setting of meta-gradient runs; with "
-                        f"meta.method = {EVOLUTION!r} the [es] table sets the search (set "
-                        f"meta.method = {METAGRADIENT!r} to use it)")
 
-    @property
-    def metagradient(self) -> bool:
-        """Whether the run takes meta-gradient steps (else it evolves)."""
-        return self.method == METAGRADIENT
+    def check_experiment(self, config) -> None:
+        """A meta-gradient run has no evolution strategy and scores one PPO task: the
+        settings of ``config`` (an :class:`~metarl.evolve.config.ExperimentConfig`) that
+        would not apply are refused, each named."""
+        meta = f"a meta-gradient run (meta.method = {METAGRADIENT!r})"
+        default_es = type(config.es)()
+        for field in fields(config.es):
+            if getattr(config.es, field.name) != getattr(default_es, field.name):
+                raise ConfigError(f"es.{field.name}: {meta} has no evolution strategy, so "
+                                  "no [es] table; its settings are in [meta] (its budget "
+                                  "meta.steps)")
+        default_fitness = type(config.fitness)()
+        for field in fields(config.fitness):
+            if (field.name not in ("metric", "final_fraction")
+                    and getattr(config.fitness, field.name) != getattr(default_fitness,
+                                                                        field.name)):
+                raise ConfigError(f"fitness.{field.name}: not a setting of {meta}; of "
+                                  "[fitness] it reads metric and final_fraction only")
+        if len(config.inner) != 1:
+            raise ConfigError(f"inner: {meta} trains on one [inner] task; got "
+                              f"{len(config.inner)} (held-out tasks go in [[held_out]])")
+        algorithm = algorithm_of(config.inner[0]).name
+        if algorithm != "ppo":
+            raise ConfigError(f"inner.algorithm: {meta} differentiates through PPO's "
+                              f"updates; got {algorithm!r}")
+
+    def omit_unused(self, data: dict[str, Any]) -> None:
+        """Leave ``[es]`` out of ``data``, the saved form of an experiment: there is none
+        (:meth:`check_experiment` keeps it at its defaults)."""
+        del data["es"]
+
+
+# the type of a [meta] table, by its method
+META_TYPES: dict[str, type[EvolutionMeta] | type[MetaGradientConfig]] = {
+    EVOLUTION: EvolutionMeta, METAGRADIENT: MetaGradientConfig}

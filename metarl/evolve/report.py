@@ -26,6 +26,7 @@ import jax
 
 from metarl.evolve.across import save_across_figure
 from metarl.evolve.config import config_from_dict
+from metarl.evolve.engines import engine_of
 from metarl.figures.records import plot_fitness, plot_learning_curves, plot_truncated_fitness
 from metarl.figures.style import save_png
 from metarl.objectives import get_objective
@@ -58,13 +59,10 @@ def plot_run(run_dir: str | Path) -> list[Path]:
     out.mkdir(exist_ok=True)
     if "truncation" in history[-1]:  # es.truncations > 1: a line is one truncation
         fitness = plot_truncated_fitness(history, title=f"{config.name}: fitness per unroll")
-    elif config.meta.metagradient:  # a line's fitness is each agent's over its updates
-        fitness = plot_fitness(history, metric=config.fitness.metric, members="agents",
-                               title=f"{config.name}: the agents' fitness per meta-gradient "
-                                     "step")
     else:
-        fitness = plot_fitness(history, metric=config.fitness.metric,
-                               title=f"{config.name}: fitness per generation")
+        engine = engine_of(config)
+        fitness = plot_fitness(history, metric=config.fitness.metric, members=engine.members,
+                               title=f"{config.name}: {engine.fitness_title}")
     written = [_save(fitness, out / "fitness.png")]
 
     plot = get_objective(config.objective.name).plot
