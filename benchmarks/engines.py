@@ -82,6 +82,7 @@ from metarl.evolve.config import ExperimentConfig, config_from_dict
 from metarl.evolve.evaluate import DEFAULT_EVAL_SEED, evaluate_objective
 from metarl.evolve.generation import Evolution, search_start
 from metarl.evolve.metagradient import MetaGradient, metagradient_start
+from metarl.evolve.metagradient_config import MetaGradientConfig
 from metarl.kinds import start as start_run
 from metarl.stats import probability_of_improvement, verdict
 
@@ -207,7 +208,7 @@ def with_budget(config: ExperimentConfig, engine: str, steps: int) -> Experiment
 def smaller(config: ExperimentConfig, changes: dict[str, Any]) -> ExperimentConfig:
     inner = config.inner[0].replace(**changes)
     config = config.replace(inner=(inner,))
-    if config.meta.metagradient:
+    if isinstance(config.meta, MetaGradientConfig):
         updates = inner.num_updates
         unroll = min(config.meta.unroll, updates)
         while updates % unroll:
