@@ -55,6 +55,8 @@ POLICIES = ("auto", "categorical", "gaussian")
 SHUFFLES = ("sort", "permutation")
 FINAL_VALUES = ("batched", "in_rollout", "none")
 ENV_RESETS = ("auto", "presampled", "in_step")
+ADAM_EPS = 1e-5  # Adam's eps in PPO's optimiser (:func:`adam`), as in CleanRL and PureJaxRL
+ADVANTAGE_EPS = 1e-8  # added to the advantages' std by :func:`standardize_advantages`
 
 
 @dataclass(frozen=True)
@@ -325,21 +327,35 @@ def compute_gae(
     return advantages, advantages + values
 
 
+def standardize_advantages(advantages: jax.Array) -> jax.Array:
+    """``advantages`` (any shape, e.g. a ``[B]`` minibatch) standardised over all their
+    entries: ``(A - mean(A)) / (std(A) + ADVANTAGE_EPS)``, same shape. PPO's loss applies it
+    per minibatch when ``normalize_advantages`` is set."""
+    return (advantages - advantages.mean()) / (advantages.std() + ADVANTAGE_EPS)
+
+
+def adam(eps_root: float = 0.0) -> optax.GradientTransformation:
+    """PPO's Adam at unit step size: ``optax.scale_by_adam`` with ``eps = ADAM_EPS``.
+
+    ``eps_root`` (optax's; 0 in PPO) is added to the second moment inside the square root:
+    a positive one keeps Adam's derivative finite where a gradient is exactly zero, for
+    those that differentiate through PPO's updates (:mod:`metarl.evolve.metagradient`).
+    """
+    return optax.scale_by_adam(eps=ADAM_EPS, eps_root=eps_root)
+
+
 def _optimizer(hypers: Hyperparams, objective: Objective | None = None,
                meta_params=None) -> optax.GradientTransformation:
-    """Clip by global norm, then Adam at unit step size (the learning rate is applied per
-    update, so annealing and per-agent rates stay traced).
+    """Clip by global norm, then :func:`adam` at unit step size (the learning rate is applied
+    per update, so annealing and per-agent rates stay traced).
 
     When ``objective`` fills the optimiser slot its update rule, built from
     ``meta_params["optimizer"]`` (traced), replaces ``scale_by_adam``; the chain then takes
     the extra arguments ``progress`` and ``key`` in ``update``.
     """
-    if objective is None or objective.optimizer is None:
-        return optax.chain(
-            optax.clip_by_global_norm(hypers.max_grad_norm), optax.scale_by_adam(eps=1e-5)
-        )
-    return optax.chain(optax.clip_by_global_norm(hypers.max_grad_norm),
-                       objective.optimizer_transformation(meta_params))
+    learned = objective is not None and objective.optimizer is not None
+    rule = objective.optimizer_transformation(meta_params) if learned else adam()
+    return optax.chain(optax.clip_by_global_norm(hypers.max_grad_norm), rule)
 
 
 def init_optimizer(parts: PPOParts, params, meta_params, hypers: Hyperparams):
@@ -454,7 +470,7 @@ def policy_value_loss(parts: PPOParts, meta_params, hypers: Hyperparams, progres
     advantages = minibatch.advantages
     ratio = jnp.exp(log_ratio)
     if config.normalize_advantages:
-        advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+        advantages = standardize_advantages(advantages)
     inputs = LossInputs(
         ratio=ratio,
         log_ratio=log_ratio,
@@ -539,8 +555,14 @@ def _rollout_step_valued(parts: PPOParts, hypers: Hyperparams, carry: RolloutCar
 
 def _rollout(parts: PPOParts, hypers: Hyperparams, state: PPOState, action_key: jax.Array,
              env_key: jax.Array):
-    """:func:`collect_rollout`, plus the ``[T, N]`` values of the final observations when
-    ``final_values`` is ``"in_rollout"`` (``None`` otherwise)."""
+    """``T = num_steps`` steps of the ``N`` environments from ``state``.
+
+    Returns ``(carry, rollout, finished, final_values)``: the :class:`RolloutCarry` after the
+    last step, the :class:`Transition` s ``[T, N, ...]``, the :class:`EpisodeEnds` ``[T, N]``
+    and, when ``final_values`` is ``"in_rollout"``, the ``[T, N]`` values of the final
+    observations (``None`` otherwise). ``rollout.final_obs`` is ``None`` unless
+    ``final_values`` is ``"batched"``.
+    """
     config = parts.config
     # every random draw of the rollout is made here, in a few batched calls
     noise = (
@@ -559,15 +581,39 @@ def _rollout(parts: PPOParts, hypers: Hyperparams, state: PPOState, action_key: 
     return carry, rollout, finished, final_values
 
 
-def collect_rollout(parts: PPOParts, hypers: Hyperparams, state: PPOState,
-                    action_key: jax.Array, env_key: jax.Array):
-    """``T = num_steps`` steps of the ``N`` environments from ``state``.
+def collect_batch(parts: PPOParts, hypers: Hyperparams, state: PPOState,
+                  action_key: jax.Array, env_key: jax.Array):
+    """PPO's batch pipeline: one rollout of ``T = num_steps`` steps of the ``N`` environments
+    from ``state`` (its policy and critic, ``state.params``), and its advantages and value
+    targets (:func:`rollout_targets`).
 
-    Returns ``(carry, rollout, finished)``: the :class:`RolloutCarry` after the last step,
-    the :class:`Transition` s ``[T, N, ...]`` and the :class:`EpisodeEnds` ``[T, N]``.
-    ``rollout.final_obs`` is ``None`` unless ``final_values`` is ``"batched"``.
+    Returns ``(carry, finished, batch)``: the :class:`RolloutCarry` after the last step, the
+    :class:`EpisodeEnds` ``[T, N]`` and the :class:`Minibatch` the loss reads, every field
+    ``[T, N, ...]``. Its advantages are not standardised yet (:func:`standardize_advantages`
+    does that per minibatch, in the loss).
     """
-    return _rollout(parts, hypers, state, action_key, env_key)[:3]
+    carry, rollout, finished, final_values = _rollout(parts, hypers, state, action_key,
+                                                      env_key)
+    with jax.named_scope("gae"):
+        advantages, targets = rollout_targets(parts, hypers, state.params, rollout,
+                                              final_values, carry.obs)
+    # only what the loss reads is shuffled into minibatches
+    batch = Minibatch(rollout.obs, rollout.action, rollout.log_prob, rollout.value,
+                      advantages, targets)
+    return carry, finished, batch
+
+
+def rollout_targets(parts: PPOParts, hypers: Hyperparams, params, rollout: Transition,
+                    final_values, last_obs: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """``(advantages [T, N], value_targets [T, N])`` of a rollout ``[T, N, ...]``:
+    :func:`compute_gae` (``hypers.gamma``, ``hypers.gae_lambda``) of :func:`next_values`
+    valued with ``params``, so a time-limit truncation bootstraps from its final
+    observation as ``final_values`` says. ``final_values`` is the ``[T, N]`` of
+    ``"in_rollout"`` (``None`` otherwise), ``last_obs`` ``[N, ...]`` the observations after
+    the last step."""
+    values_after, terminated = next_values(parts, params, rollout, final_values, last_obs)
+    return compute_gae(rollout.reward, rollout.value, values_after, terminated, rollout.done,
+                       hypers.gamma, hypers.gae_lambda)
 
 
 def next_values(parts: PPOParts, params, rollout: Transition, final_values,
@@ -690,22 +736,11 @@ def update(parts: PPOParts, meta_params, hypers: Hyperparams, state: PPOState, _
     key, action_key, env_key, epoch_key = jax.random.split(state.key, 4)
     collector = (state.replace(params=jax.lax.stop_gradient(state.params))
                  if parts.stop_rollout_gradient else state)
-    carry, rollout, finished, final_values = _rollout(parts, hypers, collector, action_key,
-                                                      env_key)
-    with jax.named_scope("gae"):
-        values_after, terminated = next_values(parts, collector.params, rollout, final_values,
-                                               carry.obs)
-        advantages, targets = compute_gae(
-            rollout.reward, rollout.value, values_after, terminated,
-            rollout.done, hypers.gamma, hypers.gae_lambda,
-        )
+    carry, finished, batch = collect_batch(parts, hypers, collector, action_key, env_key)
     progress = state.update_count / config.num_updates
     learning_rate = hypers.learning_rate
     if config.anneal_lr:
         learning_rate = learning_rate * (1.0 - progress)
-    # only what the loss reads is shuffled into minibatches
-    batch = Minibatch(rollout.obs, rollout.action, rollout.log_prob, rollout.value,
-                      advantages, targets)
     params, opt_state, diagnostics = train_epochs(
         parts, meta_params, hypers, progress, learning_rate, state.params, state.opt_state,
         batch, epoch_key,

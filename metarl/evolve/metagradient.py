@@ -85,19 +85,18 @@ from metarl.sharding import put_replicated, replicate, run_mesh, shard_populatio
 # optax's eps_root: Adam's sqrt is taken of nu + EPS_ROOT so its derivative stays finite at
 # nu = 0; in float32 the sum equals nu for nu above ~1e-9, so agents train as with Adam
 EPS_ROOT = 1e-16
-PPO_ADAM_EPS = 1e-5  # inner_loops.ppo's Adam
 # folded into the run's carried key to draw meta.init_noise
 NOISE_STREAM = 0x6E6F_6973
 
 
-def differentiable_adam() -> OptimizerTerm:
-    """PPO's Adam (``eps = 1e-5``) with ``eps_root = 1e-16`` as a fixed optimiser slot (no
-    meta-parameters): differentiable where a gradient is exactly zero (module docstring)."""
+def differentiable_adam(eps_root: float = EPS_ROOT) -> OptimizerTerm:
+    """PPO's Adam (:func:`inner_loops.ppo.adam`) with ``eps_root`` (``1e-16``) as a fixed
+    optimiser slot (no meta-parameters): differentiable where a gradient is exactly zero
+    (module docstring)."""
 
     def transformation(meta_params):
         del meta_params
-        return optax.with_extra_args_support(
-            optax.scale_by_adam(eps=PPO_ADAM_EPS, eps_root=EPS_ROOT))
+        return optax.with_extra_args_support(ppo.adam(eps_root=eps_root))
 
     return OptimizerTerm("adam_eps_root", no_meta_params, transformation)
 
@@ -188,9 +187,9 @@ class MetaGradient:
                                                           optimizer=differentiable_adam()))
         self.parts = dataclasses.replace(parts, stop_rollout_gradient=not meta.rollout_gradient)
         self.learner = ppo.learner_from_parts("ppo", self.parts, ppo.init_state, ppo.update)
-        # the fresh rollouts' targets as an update computes them; final observations valued
-        # in the rollout's steps (collect_rollout keeps no such values) are valued after it
-        # instead, the same values
+        # the fresh rollouts' targets as an update computes them (ppo.collect_batch); final
+        # observations valued in the rollout's steps are valued after it instead, the same
+        # values (as the validation batch was always computed)
         self.validation_parts = (self.parts if inner.final_values != "in_rollout" else
                                  dataclasses.replace(self.parts, config=inner.replace(
                                      final_values="batched")))
@@ -292,25 +291,18 @@ class MetaGradient:
 
         def one_rollout(state, rollout_key):
             action_key, env_key = jax.random.split(rollout_key)
-            carry, rollout, _ = ppo.collect_rollout(parts, hypers, state, action_key, env_key)
-            next_values, terminated = ppo.next_values(parts, state.params, rollout, None,
-                                                      carry.obs)
-            advantages, targets = ppo.compute_gae(
-                rollout.reward, rollout.value, next_values, terminated, rollout.done,
-                hypers.gamma, hypers.gae_lambda)
+            carry, _, collected = ppo.collect_batch(parts, hypers, state, action_key, env_key)
             state = state.replace(env_state=carry.env_state, obs=carry.obs,
                                   episodes=carry.episodes)
-            return state, ValidationBatch(rollout.obs, rollout.action, rollout.log_prob,
-                                          advantages, targets)
+            return state, ValidationBatch(collected.obs, collected.action, collected.log_prob,
+                                          collected.advantages, collected.targets)
 
         keys = (key[None] if self.meta.validation_rollouts == 1
                 else jax.random.split(key, self.meta.validation_rollouts))
         frozen, batch = jax.lax.scan(one_rollout, frozen, keys)
         batch = jax.tree.map(lambda x: x.reshape(-1, *x.shape[2:]), batch)
-        if parts.config.normalize_advantages:
-            advantages = batch.advantages
-            batch = batch._replace(advantages=(advantages - advantages.mean())
-                                   / (advantages.std() + 1e-8))
+        if parts.config.normalize_advantages:  # over the whole batch, not per minibatch
+            batch = batch._replace(advantages=ppo.standardize_advantages(batch.advantages))
         moved = agent.replace(env_state=frozen.env_state, obs=frozen.obs,
                               episodes=frozen.episodes)
         return jax.lax.stop_gradient(batch), moved
