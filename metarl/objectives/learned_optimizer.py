@@ -71,12 +71,13 @@ import jax.numpy as jnp
 import optax
 
 from inner_loops.objective import Objective, OptimizerTerm
+from inner_loops.ppo import ADAM_EPS
 from metarl.objectives.mlp import apply_mlp, init_mlp
 from metarl.objectives.registry import RunFigureRequest, register_objective
 
 DEFAULT_HIDDEN_SIZES = (16,)
 DEFAULT_TIMESCALES = (0.5, 0.9, 0.99)
-ADAM_B1, ADAM_B2, ADAM_EPS = 0.9, 0.999, 1e-5  # PPO's scale_by_adam(eps=1e-5)
+ADAM_B1, ADAM_B2 = 0.9, 0.999  # optax's scale_by_adam defaults, which PPO's Adam keeps
 FEATURE_CLIP = 10.0
 DEFAULT_MAX_LOG_SCALE = 3.0
 DEFAULT_MAX_ADDITIVE = 1.0
