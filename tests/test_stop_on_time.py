@@ -7,15 +7,18 @@ stop a run cleanly, its last completed step checkpointed, with exit code 4, and
   the status, and a step abandoned in flight when the time left only covers the stop; the
   same for replicated evolution (several runs advanced by one joint step).
 - SIGTERM to ``metarl run`` in a subprocess while its second step trains (an evolution
-  generation and a PBT segment of several seconds): it exits within 30 s with code 4, the
-  generation in flight lost, and the run resumes into the uninterrupted one.
+  generation and a PBT segment): it exits within 30 s with code 4, the step in flight lost,
+  and the run resumes into the uninterrupted one.
 - ``--time-limit`` on the command line (the tiny evolution), a second signal inside a
   checkpoint save, and bad durations.
 
 The tiny evolution (``tests/_tiny_evolution.py``) shares its compiled generation with the
-other run-directory tests; the slow variants (``SLOW``: 100 times the steps per agent, a
-few seconds a step) compile once here and reach the subprocesses through JAX's persistent
-compilation cache.
+other run-directory tests. The SIGTERM tests need a step that is still training when the
+signal lands: ``tests/_held_step.py`` holds the subprocess's second step in flight in an XLA
+loop that would run for hours, so their runs are the tiny evolution (its uninterrupted run
+is the module's reference) and a PBT run of two short segments. (Before, the steps were made
+slow instead, some 27 CPU-s a generation, and the run, its reference and its resume each
+paid for that.)
 """
 
 from __future__ import annotations
@@ -47,24 +50,24 @@ from metarl.runs.meta_params import BEST_FILE, MEAN_FILE, load_meta_params
 
 TIMINGS = ("seconds", "agent_steps_per_second", "time")
 STOP_WITHIN = 30.0  # seconds from SIGTERM to the end of the process, a step in flight
-# The tiny evolution with 100 times the steps per agent: a generation of a few seconds.
-# checkpoint_every = 2, so that generation 1 has a checkpoint only if the stop writes it.
-SLOW = ["inner.total_timesteps=409600", "es.generations=2", "run.checkpoint_every=2"]
-SLOW_PBT = """
+HELD_STEP = Path(__file__).parent / "_held_step.py"
+# Two segments of 8 updates (of 2 x 16 steps) each; checkpoint_every = 2, so that segment 1
+# has a checkpoint only if the stop writes it.
+SHORT_PBT = """
 kind = "pbt"
-name = "slow_pbt"
+name = "short_pbt"
 [inner]
 algorithm = "ppo"
 env_id = "CartPole-v1"
 num_envs = 2
 num_steps = 16
-total_timesteps = 1048576
+total_timesteps = 512
 hidden_sizes = [8]
 update_epochs = 1
 num_minibatches = 1
 [pbt]
 population_size = 4
-segment_updates = 16384
+segment_updates = 8
 exploit_fraction = 0.25
 [pbt.priors.learning_rate]
 low = 1e-4
@@ -149,9 +152,13 @@ def cli_env() -> dict[str, str]:
             "PYTHONUNBUFFERED": "1"}
 
 
-def start_cli(args: list, log: Path) -> subprocess.Popen:
+def start_cli(args: list, log: Path, held: str | None = None) -> subprocess.Popen:
+    """``python -m metarl.cli ARGS``, its output to ``log``; with ``held`` (a program class,
+    ``module:Class``), the same command line through ``tests/_held_step.py``, which holds
+    that program's step 2 in flight."""
     handle = open(log, "w")  # noqa: SIM115 - closed by finish()
-    process = subprocess.Popen([sys.executable, "-m", "metarl.cli", *map(str, args)],
+    command = ["-m", "metarl.cli"] if held is None else [str(HELD_STEP), held]
+    process = subprocess.Popen([sys.executable, *command, *map(str, args)],
                                env=cli_env(), stdout=handle, stderr=subprocess.STDOUT)
     process.log_file, process.log = handle, log
     return process
@@ -168,19 +175,21 @@ def finish(process: subprocess.Popen, timeout: float) -> str:
     return process.log.read_text()
 
 
-def sigterm_in_second_step(args: list, ready, log: Path) -> tuple[int, float, str]:
-    """Start ``metarl ARGS``, wait until ``ready()`` says its first step is recorded, give
-    the second step a second to start training (it trains for several), and send SIGTERM.
-    Returns the exit code, the seconds from the signal to the process's end and its
-    output."""
-    process = start_cli(args, log)
+def sigterm_in_second_step(held: str, args: list, recorded, log: Path
+                           ) -> tuple[int, float, str]:
+    """Start ``metarl ARGS`` with step 2 of the program class ``held`` held in flight
+    (``tests/_held_step.py``), wait until ``recorded()`` says step 1 is written and the
+    worker says step 2 is held, give it half a second to be waiting inside the computation,
+    and send SIGTERM. Returns the exit code, the seconds from the signal to the process's
+    end and its output."""
+    process = start_cli(args, log, held=held)
     try:
         deadline = time.monotonic() + 400
-        while not ready():
+        while not (recorded() and "HOLDING_IN_STEP 2" in log.read_text()):
             assert process.poll() is None, log.read_text()
-            assert time.monotonic() < deadline, "the first step never ended"
+            assert time.monotonic() < deadline, "step 1 never ended or step 2 never started"
             time.sleep(0.02)
-        time.sleep(1.0)
+        time.sleep(0.5)
         signalled = time.monotonic()
         process.send_signal(signal.SIGTERM)
         output = finish(process, STOP_WITHIN + 30)
@@ -349,35 +358,35 @@ def test_replicated_runs_stop_after_the_same_joint_step(clock, tiny_config_file,
 # SIGTERM while a step trains, in a subprocess
 
 
-@pytest.fixture(scope="module")
-def slow_reference(tiny_config_file, tmp_path_factory) -> Path:
-    """The slow evolution (two generations of several seconds), uninterrupted."""
-    run_dir = tmp_path_factory.mktemp("runs") / "slow"
-    start(load_experiment(tiny_config_file, SLOW), run_dir)
-    return run_dir
-
-
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(600)
 def test_sigterm_during_a_generation_stops_within_seconds_and_resumes_exactly(
-        tiny_config_file, slow_reference, tmp_path):
+        tiny_config_file, reference, tmp_path):
+    """The tiny evolution with ``run.checkpoint_every = 2`` (so that generation 1 has a
+    checkpoint only if the stop writes it), generation 2 held in flight; resumed, it is the
+    module's uninterrupted reference."""
     run_dir = tmp_path / "signalled"
-    sets = [arg for override in SLOW for arg in ("--set", override)]
     code, seconds, output = sigterm_in_second_step(
-        ["run", tiny_config_file, *sets, "--run-dir", run_dir, "--no-plots"],
+        "metarl.evolve.kind:EvolveProgram",
+        ["run", tiny_config_file, "--set", "run.checkpoint_every=2", "--run-dir", run_dir,
+         "--no-plots"],
         lambda: (run_dir / MEAN_FILE).exists(), tmp_path / "run.log")
     assert_stopped_in_flight(code, seconds, output, run_dir, "generation")
     result = resume(run_dir)
-    assert int(result.state.generation) == 2
-    assert_same_run(run_dir, slow_reference)
+    assert int(result.state.generation) == GENERATIONS
+    assert_same_run(run_dir, reference)
 
 
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(600)
 def test_sigterm_during_a_pbt_segment_stops_within_seconds_and_resumes_exactly(tmp_path):
-    experiment = tmp_path / "slow_pbt.toml"
-    experiment.write_text(SLOW_PBT)
+    """Two short PBT segments, segment 2 held in flight; resumed through the command line,
+    the run is the uninterrupted one started here (which compiles the segment for the
+    subprocess, through the persistent cache)."""
+    experiment = tmp_path / "short_pbt.toml"
+    experiment.write_text(SHORT_PBT)
     reference = start(load_experiment(experiment), tmp_path / "reference").run_dir
     run_dir = tmp_path / "signalled"
     code, seconds, output = sigterm_in_second_step(
+        "metarl.population.pbt_run:PBTProgram",
         ["run", experiment, "--run-dir", run_dir, "--no-plots"],
         lambda: (run_dir / "metrics.jsonl").is_file() and bool(read_metrics(run_dir)),
         tmp_path / "run.log")
