@@ -18,7 +18,13 @@ One module per job, each importing only those listed before it:
   started, its fitness figure), by the type of its ``[meta]`` table;
 - :mod:`.tuning`: each objective searched over its declared grid on tuning seeds (tuned
   baselines, and fitness normalised by the tuned baseline);
-- :mod:`.evaluate`: the evolved objective against baselines on held-out seeds;
+- :mod:`.rows`: one objective trained on held-out seeds, a row of an evaluation;
+- :mod:`.plan`: the trainings an evaluation needs, and their execution through the
+  training store;
+- :mod:`.verdicts`: an evaluation's results, statistics and verdicts from what its
+  plan trained;
+- :mod:`.evaluate`: the evolved objective against baselines on held-out seeds (options,
+  spec and record);
 - :mod:`.report`: a run's figures (fitness, the learned loss, learning curves);
 - :mod:`.compare`: several runs side by side;
 - :mod:`.distill`: closed-form formulas fitted to a run's evolved function (``metarl
