@@ -7,7 +7,11 @@
 - ``benchmarks/gpu_check.py --smoke`` with a subset of its parts (install dry run,
   ``metarl devices``, head-to-head, the blog-sized generation at tiny sizes); the main job and
   throughput parts are left out here, to keep the test near a minute of CPU: they are
-  ``benchmarks/gpu_experiments.py``'s, which its own test covers.
+  ``benchmarks/gpu_experiments.py``'s, which its own test covers. About 72 CPU-s, nearly
+  all of it its processes' imports and tracing: its head-to-head at ``--scale 1`` runs
+  the programs the ``vs_purejaxrl.py`` test above compiled (persistent cache), and on one
+  CPU device, as on one GPU, the generation's ``metarl run`` reads the generation that
+  ``evolution_overhead.py`` compiled (79.6 CPU-s before both).
 - ``benchmarks/step_cost.py``'s count of an optimised HLO module, against hand-counted work.
 - ``benchmarks/gpu_wheelhouse.py``'s naming, exclusion and splitting of wheels.
 """
@@ -84,9 +88,9 @@ def _load(name):
     return module
 
 
-def _run(args: list[str], timeout: float = 600) -> subprocess.CompletedProcess:
+def _run(args: list[str], timeout: float = 600, **env: str) -> subprocess.CompletedProcess:
     out = subprocess.run([sys.executable, *args], capture_output=True, text=True,
-                         timeout=timeout, env=env_without_device_count(**jax_cache_env()))
+                         timeout=timeout, env=env_without_device_count(**jax_cache_env(), **env))
     assert out.returncode == 0, out.stderr[-3000:]
     return out
 
@@ -136,11 +140,14 @@ def test_vs_purejaxrl_reads_returns_alike_and_refuses_a_wrong_folder(tmp_path):
 
 
 def test_gpu_check_smoke_writes_every_part_it_ran(stand_in, tmp_path):
+    """One CPU device for every process, and the head-to-head at the sizes of the
+    ``vs_purejaxrl.py`` test above, so that programs compiled once are read back from the
+    persistent cache (module doc)."""
     out = tmp_path / "check"
     _run([str(BENCHMARKS / "gpu_check.py"), "--smoke", "--out", str(out), "--purejaxrl",
           str(stand_in), "--parts", "install", "devices", "head_to_head", "generation",
           "--workloads", "cartpole_512", "--variant-workloads", "cartpole_512",
-          "--variants", "default"])
+          "--variants", "default", "--scale", "1"], JAX_NUM_CPU_DEVICES="1")
     report = json.loads((out / "check.json").read_text())
     parts = report["parts"]
     assert set(parts) == {"install", "devices", "head_to_head", "generation"}
@@ -152,6 +159,7 @@ def test_gpu_check_smoke_writes_every_part_it_ran(stand_in, tmp_path):
     assert "cpu device(s)" in parts["devices"]["output"]
     h2h = parts["head_to_head"]["workloads"]["cartpole_512"]
     assert {m["side"] for m in h2h["measurements"]} == {"purejaxrl", "metarl"}
+    assert {m["steps_per_agent"] for m in h2h["measurements"]} == {2048}  # --scale 1
     assert all("error" not in m for m in h2h["measurements"])
     overhead = parts["generation"]["evolution_overhead"]
     assert overhead["agents"] == 2 and overhead["generation_agent_steps_per_second"] > 0
