@@ -83,14 +83,19 @@ def experiment(base: dict, **meta) -> dict:
 
 
 class Problem:
-    """One agent of ``data``'s experiment at its start, with the jitted meta-gradient and
-    the function that finite differences measure (module docstring)."""
+    """One agent of ``data``'s experiment at its start (``like``'s agent and start where
+    given), with the jitted meta-gradient and the function that finite differences measure
+    (module docstring)."""
 
-    def __init__(self, data: dict):
+    def __init__(self, data: dict, like: Problem | None = None):
         self.metagradient = MetaGradient(config_from_dict(data))
-        state = self.metagradient.init()
-        self.theta = state.meta_params
-        self.agent = jax.tree.map(lambda x: x[0], state.agents)
+        if like is None:
+            state = self.metagradient.init()
+            self.theta = state.meta_params
+            self.agent = jax.tree.map(lambda x: x[0], state.agents)
+        else:  # the same start: ``like``'s experiment but for meta.unroll or rollout_gradient,
+            # which do not enter the init (its program would be compiled again for nothing)
+            self.theta, self.agent = like.theta, like.agent
         self.hypers = self.metagradient.learner.default_hypers
         self.key = jax.random.PRNGKey(3)
         self.flat, self.unravel = ravel_pytree(self.theta)
@@ -134,10 +139,12 @@ def assert_matches(gradient: np.ndarray, differences: np.ndarray, rows: np.ndarr
 
 @pytest.fixture(scope="module")
 def problems():
-    """The problems of the module docstring, built once (each compiles its own programs)."""
+    """The problems of the module docstring, built once (each compiles its own programs;
+    the drifts share one start)."""
+    drift = Problem(experiment(DRIFT, unroll=1))
     return {
-        "drift_1": Problem(experiment(DRIFT, unroll=1)),
-        "drift_2_exact": Problem(experiment(DRIFT, unroll=2, rollout_gradient=True)),
+        "drift_1": drift,
+        "drift_2_exact": Problem(experiment(DRIFT, unroll=2, rollout_gradient=True), drift),
         "value_2": Problem(experiment(VALUE, unroll=2)),
     }
 
@@ -156,7 +163,7 @@ def test_rollouts_are_data_unless_asked(problems):
     then no longer the derivative (the second rollout's log-probabilities and values, and
     the environment, depend on the first update)."""
     exact = problems["drift_2_exact"]
-    gradient = Problem(experiment(DRIFT, unroll=2)).gradient()
+    gradient = Problem(experiment(DRIFT, unroll=2), exact).gradient()
     rows = directions(exact.gradient())
     assert np.max(np.abs(rows @ gradient - exact.differences(rows))) > 0.03 * np.linalg.norm(
         exact.gradient())
@@ -279,8 +286,8 @@ def test_the_start_is_an_evolutions_plus_the_initial_noise():
                                   start_flat)
 
 
-# A run: 8 updates per agent in lifetimes of 2 unrolls of 2, the two agents staggered.
-RUN = experiment(DRIFT, unroll=2, lifetime=4, steps=4, learning_rate=0.01)
+# A run: 8 updates per agent in lifetimes of 2 unrolls of 2, the four agents staggered.
+RUN = experiment(DRIFT, agents=4, unroll=2, lifetime=4, steps=4, learning_rate=0.01)
 RUN_FILE = """
 name = "tiny_metagradient"
 [objective]
@@ -298,7 +305,7 @@ learning_rate = 0.05
 anneal_lr = false
 [meta]
 method = "metagradient"
-agents = 2
+agents = 4
 unroll = 2
 lifetime = 4
 steps = 4
@@ -309,6 +316,7 @@ checkpoint_every = 1
 keep_checkpoints = 5
 """
 TIMING = ("seconds", "agent_steps_per_second", "time")
+SHARDED_STEPS = 2  # of RUN, sharded and not (tests/_metagradient_worker.py)
 
 
 def same_run(a: Path, b: Path) -> None:
@@ -318,6 +326,23 @@ def same_run(a: Path, b: Path) -> None:
     assert lines[0] == lines[1]
     for name in (BEST_FILE, MEAN_FILE):
         assert (a / name).read_bytes() == (b / name).read_bytes()
+
+
+def record_steps(metagradient: MetaGradient, steps: int) -> dict:
+    """``steps`` meta-steps of ``metagradient`` from its start: after each, the flattened
+    meta-parameters, the agents' returns, the meta-loss and the agents restarted; then how
+    many programs its step has compiled and over how many devices it runs."""
+    state = metagradient.init()
+    record = {"meta_params": [], "returns": [], "meta_loss": [], "restarted": []}
+    for _ in range(steps):
+        state, metrics = metagradient.step(state)
+        record["meta_params"].append(np.asarray(ravel_pytree(state.meta_params)[0]).tolist())
+        record["returns"].append(np.asarray(metrics["returns"]).tolist())
+        record["meta_loss"].append(float(metrics["meta_loss"]))
+        record["restarted"].append(int(metrics["restarted"]))
+    record["programs"] = metagradient.step._cache_size()
+    record["devices"] = 1 if metagradient.mesh is None else int(metagradient.mesh.devices.size)
+    return record
 
 
 @pytest.fixture(scope="module")
@@ -338,12 +363,13 @@ def test_a_run_writes_the_evolution_files_and_restarts_its_agents(reference):
                                                               "keep_checkpoints": 5}})
     lines = read_metrics(result.run_dir)
     assert [line["generation"] for line in lines] == [1, 2, 3, 4]
-    # agent 0 lives 2 updates first, agent 1 all 4; then both 4, each from its own start
-    assert [line["ages"] for line in lines] == [[2, 2], [2, 4], [4, 2], [2, 4]]
-    assert [line["restarted"] for line in lines] == [0, 1, 1, 1]
-    assert [line["agent_steps"] for line in lines] == [2 * 3 * 8 * step for step in (1, 2, 3, 4)]
+    # agents 0 and 1 live 2 updates first, 2 and 3 all 4; then all 4, each from its own start
+    assert [line["ages"] for line in lines] == [[2, 2, 2, 2], [2, 2, 4, 4], [4, 4, 2, 2],
+                                                [2, 2, 4, 4]]
+    assert [line["restarted"] for line in lines] == [0, 2, 2, 2]
+    assert [line["agent_steps"] for line in lines] == [4 * 3 * 8 * step for step in (1, 2, 3, 4)]
     for line in lines:
-        assert len(line["fitness"]) == 2 and line["valid"] == [True, True]
+        assert len(line["fitness"]) == 4 and line["valid"] == [True] * 4
         assert np.isfinite(line["meta_loss"]) and line["meta_grad_norm"] > 0
     params = result.mean_meta_params
     assert (result.run_dir / BEST_FILE).read_bytes() == (result.run_dir / MEAN_FILE).read_bytes()
@@ -395,11 +421,14 @@ def test_evaluate_and_plot_read_a_metagradient_run(reference, monkeypatch):
     assert {"fitness.png", "drift_mean.png", "learning_curves_1.png"} <= names
     legend = [text.get_text() for ax in drawn["fitness.png"].axes
               if ax.get_legend() is not None for text in ax.get_legend().get_texts()]
-    assert "min–max over 2 agents" in legend, legend
+    assert "min–max over 4 agents" in legend, legend
     assert not [text for text in legend if "candidate" in text]
 
 
-def test_sharded_over_two_devices_equals_one_device():
+def test_sharded_over_two_devices_equals_one_device(reference):
+    """``SHARDED_STEPS`` steps of ``RUN`` over two devices (2 agents each, a restart in the
+    second step), in a subprocess (JAX fixes its device count when it starts), equal the
+    same steps on one device, run here with the program the reference run compiled."""
     env = {k: v for k, v in os.environ.items() if k != "JAX_NUM_CPU_DEVICES"}
     flags = [flag for flag in env.get("XLA_FLAGS", "").split()
              if not flag.startswith("--xla_force_host_platform_device_count")]
@@ -408,8 +437,8 @@ def test_sharded_over_two_devices_equals_one_device():
     done = subprocess.run([sys.executable, str(WORKER)], capture_output=True, text=True,
                           env=env, cwd=WORKER.parent, timeout=400)
     assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads(done.stdout.strip().splitlines()[-1])
-    sharded, plain = result["sharded"], result["plain"]
+    sharded = json.loads(done.stdout.strip().splitlines()[-1])
+    plain = record_steps(reference[1].metagradient, SHARDED_STEPS)
     assert (sharded["devices"], plain["devices"]) == (2, 1)
     assert sharded["programs"] == plain["programs"] == 1
     assert sharded["restarted"] == plain["restarted"] == [0, 2]
