@@ -43,6 +43,7 @@ import pytest
 from _kill import kill_inside_save
 from jax.flatten_util import ravel_pytree
 
+import metarl
 from metarl.cli import main
 from metarl.config import ConfigError, apply_overrides, upgrade_saved_config
 from metarl.evolve import report as report_module
@@ -434,6 +435,9 @@ def test_sharded_over_two_devices_equals_one_device(reference):
              if not flag.startswith("--xla_force_host_platform_device_count")]
     env["XLA_FLAGS"] = " ".join([*flags, "--xla_force_host_platform_device_count=2"])
     env["JAX_PLATFORMS"] = "cpu"
+    # the library this process runs the one-device side with, whatever an install points to
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(Path(metarl.__file__).parents[1]), *filter(None, [env.get("PYTHONPATH")])])
     done = subprocess.run([sys.executable, str(WORKER)], capture_output=True, text=True,
                           env=env, cwd=WORKER.parent, timeout=400)
     assert done.returncode == 0, done.stderr[-3000:]
