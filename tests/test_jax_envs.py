@@ -6,13 +6,17 @@ module (per id for Jumanji); the tests read its arrays: shapes and finiteness, h
 end (termination vs. truncation, the fresh start after an end), and the random policy's
 return, which PPO must beat on MiniGrid-Empty-5x5, on NAVIX's Empty-5x5, on Jumanji's
 SlidingTilePuzzle (whose dense reward pays for tiles put in place) and on Craftax-Classic with
-episodes of 32 steps. Craftax's world generation makes its learning check the dearest here
-(about 31 CPU-s, nearly all compilation), so it compares PPO with its own untrained first
-update instead of compiling a random rollout as well.
+episodes of 32 steps. Craftax's learning check is the dearest here: its step compiles slowly
+(world generation, its reset, much less so: 2.5 of the random rollout's 17 CPU-s of compile)
+and runs slowly, drawing a fresh world for every step of every copy (PPO's presampled
+resets). It compares PPO with its own untrained first update rather than with a random
+rollout of its 32-step episodes, and is compiled at the learning checks' XLA settings:
+8 + 46 CPU-s to trace and compile, 15 to run, against 10 + 28 and 79 at the suite's.
 """
 
 from __future__ import annotations
 
+import functools
 import subprocess
 import sys
 
@@ -20,6 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _xla import LEARNING_COMPILER_OPTIONS
 
 from inner_loops import PPOConfig, make_env, make_train, make_vec_env
 from inner_loops.envs import EnvNoise
@@ -48,9 +53,12 @@ NAVIX_OBS_SIZE = 5 * 5 * (11 + 6 + 4)
 # 12 x 12 grid of 5 feature maps; SlidingTilePuzzle: each of 5 x 5 cells' tile one-hot.
 JUMANJI_OBS_SIZES = {"jumanji/Maze-v0": 3 * 10 * 10, "jumanji/Snake-v1": 12 * 12 * 5,
                      "jumanji/SlidingTilePuzzle-v0": 5 * 5 * 25}
-JUMANJI_TIME_LIMIT = 6
-JUMANJI_NUM_ENVS = 8
-JUMANJI_NUM_STEPS = 24
+# Each task's random rollout: (time limit, copies, steps). Maze and Snake cut episodes at 6
+# steps, so that a few steps see the limit; SlidingTilePuzzle has its learning check's
+# 32-step episodes, whose random return PPO must beat (a random policy never solves it, so
+# every episode runs into the limit).
+JUMANJI_ROLLOUTS = {"jumanji/Maze-v0": (6, 8, 24), "jumanji/Snake-v1": (6, 8, 24),
+                    "jumanji/SlidingTilePuzzle-v0": (32, 64, 64)}
 
 
 def episode_returns(reward: np.ndarray, done: np.ndarray) -> np.ndarray:
@@ -101,16 +109,20 @@ def episode_lengths(terminated: np.ndarray, truncated: np.ndarray) -> tuple[np.n
 
 
 def ppo_returns(env_id: str, env_params: dict, learning_rate: float,
-                total_timesteps: int = 8192) -> tuple[float, float]:
+                total_timesteps: int = 8192, compiler_options=None) -> tuple[float, float]:
     """``(first, final)`` of a tiny PPO run (key 0): the mean episode return of its first
     update (the untrained policy, whose head starts at 0.01 of the usual scale, so within a
     percent of uniform) and over its last two updates. 16 copies, 32-step rollouts, one
-    hidden layer of 32 units, gamma 0.95."""
+    hidden layer of 32 units, gamma 0.95. Compiled at the suite's XLA settings unless
+    ``compiler_options`` are given."""
     config = PPOConfig(env_id=env_id, env_params=env_params, num_envs=16, num_steps=32,
                        total_timesteps=total_timesteps, hidden_sizes=(32,),
                        learning_rate=learning_rate, gamma=0.95)
-    returns = jax.device_get(jax.jit(make_train(config))(jax.random.PRNGKey(0)))[
-        "episode_return"]
+    key = jax.random.PRNGKey(0)
+    train = jax.jit(make_train(config))
+    if compiler_options is not None:
+        train = train.lower(key).compile(compiler_options)
+    returns = jax.device_get(train(key))["episode_return"]
     return float(returns[0]), float(np.mean(returns[-2:]))
 
 
@@ -127,12 +139,18 @@ def navix_rollout() -> dict[str, np.ndarray]:
     return random_rollout(NAVIX_ID, {"max_steps": NAVIX_TIME_LIMIT}, NUM_ENVS, NUM_STEPS)
 
 
+@functools.cache
+def jumanji_random_rollout(env_id: str) -> dict[str, np.ndarray]:
+    """A random policy on Jumanji's ``env_id`` as ``JUMANJI_ROLLOUTS`` says, made once for
+    the tests of its stepping and its learning check."""
+    time_limit, num_envs, num_steps = JUMANJI_ROLLOUTS[env_id]
+    return random_rollout(env_id, {"time_limit": time_limit}, num_envs, num_steps)
+
+
 @pytest.fixture(scope="module", params=list(JUMANJI_OBS_SIZES))
 def jumanji_rollout(request) -> tuple[str, dict[str, np.ndarray]]:
-    """``(env_id, rollout)``: a random policy on ``JUMANJI_NUM_ENVS`` copies of each Jumanji
-    task for ``JUMANJI_NUM_STEPS`` steps, with a time limit of ``JUMANJI_TIME_LIMIT``."""
-    return request.param, random_rollout(request.param, {"time_limit": JUMANJI_TIME_LIMIT},
-                                         JUMANJI_NUM_ENVS, JUMANJI_NUM_STEPS)
+    """``(env_id, rollout)``: :func:`jumanji_random_rollout` of each Jumanji task."""
+    return request.param, jumanji_random_rollout(request.param)
 
 
 @pytest.fixture(scope="module")
@@ -468,12 +486,14 @@ def test_craftax_death_terminates_and_the_time_limit_truncates(craftax_rollout):
 
 
 def test_ppo_beats_a_random_policy_on_craftax_classic():
-    """Calibration (episodes of 32 steps, 12288 steps of training, keys 0-5, jax 0.9.2 and
-    the suite's XLA flags on the CPU): mean episode return over the last two updates 2.00,
-    1.92, 1.86, 2.02, 2.12, 2.06; over the first update 0.22, 0.44, 0.42, 0.33, 0.52, 0.74.
-    A uniformly random policy's is 0.43 +- 0.04 (256 episodes of 64 copies): the first
+    """Calibration (episodes of 32 steps, 12288 steps of training, keys 0-5, jax 0.9.2 on
+    the CPU, the same to the digit with the suite's XLA flags and with
+    LEARNING_COMPILER_OPTIONS): mean episode return over the last two updates 2.00, 1.92,
+    1.86, 2.02, 2.12, 2.06; over the first update 0.22, 0.44, 0.42, 0.33, 0.52, 0.74. A
+    uniformly random policy's is 0.43 +- 0.04 (256 episodes of 64 copies): the first
     achievements (collect wood, a sapling, place a table) pay 1 each."""
-    first, final = ppo_returns(CRAFTAX_ID, {"max_timesteps": 32}, 3e-3, total_timesteps=12288)
+    first, final = ppo_returns(CRAFTAX_ID, {"max_timesteps": 32}, 3e-3, total_timesteps=12288,
+                               compiler_options=LEARNING_COMPILER_OPTIONS)
     assert first < 1.0, first
     assert final > max(1.2, 2 * first), (final, first)
 
@@ -521,7 +541,8 @@ def test_ppo_beats_a_random_policy_on_navix_empty(navix_rollout):
 
 def test_jumanji_tasks_step_under_jit_and_vmap(jumanji_rollout):
     env_id, out = jumanji_rollout
-    shape = (JUMANJI_NUM_STEPS, JUMANJI_NUM_ENVS, JUMANJI_OBS_SIZES[env_id])
+    _, num_envs, num_steps = JUMANJI_ROLLOUTS[env_id]
+    shape = (num_steps, num_envs, JUMANJI_OBS_SIZES[env_id])
     assert out["obs"].shape == out["final_obs"].shape == shape
     assert out["obs"].dtype == np.float32
     assert np.isfinite(out["obs"]).all() and np.isfinite(out["reward"]).all()
@@ -536,8 +557,9 @@ def test_jumanji_time_limit_truncates_and_the_task_terminates(jumanji_rollout):
     assert not (terminated & truncated).any()
     by_termination, by_truncation = episode_lengths(terminated, truncated)
     assert by_truncation.size > 0
-    np.testing.assert_array_equal(by_truncation, JUMANJI_TIME_LIMIT)
-    assert (by_termination <= JUMANJI_TIME_LIMIT).all()
+    time_limit = JUMANJI_ROLLOUTS[env_id][0]
+    np.testing.assert_array_equal(by_truncation, time_limit)
+    assert (by_termination <= time_limit).all()
     done = terminated | truncated
     np.testing.assert_array_equal(out["obs"][~done], out["final_obs"][~done])
     if env_id == "jumanji/Maze-v0":
@@ -556,9 +578,11 @@ def test_ppo_beats_a_random_policy_on_the_sliding_tile_puzzle():
     the suite's XLA flags on the CPU): mean episode return over the last two updates 1.25,
     1.00, 1.41, 0.81, 1.19, 0.94; a random policy's -0.33 (key 0, 64 copies for 64 steps;
     -0.30 +- 0.11 over 256 episodes). The dense reward pays +1 for each tile moved into its
-    place and -1 for each moved out of it."""
-    env_id, env_params = "jumanji/SlidingTilePuzzle-v0", {"time_limit": 32}
-    rollout = random_rollout(env_id, env_params, 64, 64)
+    place and -1 for each moved out of it. The random rollout is the one the stepping tests
+    read."""
+    env_id = "jumanji/SlidingTilePuzzle-v0"
+    env_params = {"time_limit": JUMANJI_ROLLOUTS[env_id][0]}
+    rollout = jumanji_random_rollout(env_id)
     random_return = episode_returns(
         rollout["reward"], rollout["terminated"] | rollout["truncated"]).mean()
     assert random_return < 0.2
