@@ -51,6 +51,18 @@ from inner_loops.validation import check_positive_int
 POPULATION_AXIS = "population"
 
 
+COLLECTIVE_WAIT_SECONDS = 1800
+_TERMINATE_FLAG = "--xla_cpu_collective_call_terminate_timeout_seconds"
+
+
+def _wait_patiently_for_collectives() -> None:
+    """Raise XLA's CPU rendezvous abort timeout to :data:`COLLECTIVE_WAIT_SECONDS` through
+    ``XLA_FLAGS`` (read when JAX's CPU backend starts), unless the user set it."""
+    flags = os.environ.get("XLA_FLAGS", "")
+    if _TERMINATE_FLAG not in flags:
+        os.environ["XLA_FLAGS"] = f"{flags} {_TERMINATE_FLAG}={COLLECTIVE_WAIT_SECONDS}".strip()
+
+
 def use_cpu_cores(count: int | None = None) -> int:
     """Make JAX's CPU backend expose ``count`` devices (default: one per usable core).
 
@@ -61,7 +73,19 @@ def use_cpu_cores(count: int | None = None) -> int:
     ``JAX_NUM_CPU_DEVICES``, XLA's ``--xla_force_host_platform_device_count``, or, when
     ``count`` is not given, ``jax.config.update("jax_num_cpu_devices", n)``. Accelerator
     backends are not affected. Returns the number of CPU devices JAX will expose.
+
+    It also lets the CPU devices wait for each other as long as XLA lets any collective
+    wait (:data:`COLLECTIVE_WAIT_SECONDS`) instead of XLA's 40 seconds, after which XLA
+    aborts the process: a sharded run on a busy machine (a niced job, an oversubscribed
+    core) can leave one device's thread that long behind the other's, and the abort
+    loses the generation in progress. A value already in ``XLA_FLAGS`` is kept.
     """
+    devices = _expose_cpu_devices(count)
+    _wait_patiently_for_collectives()
+    return devices
+
+
+def _expose_cpu_devices(count: int | None) -> int:
     chosen = os.environ.get("JAX_NUM_CPU_DEVICES")
     if chosen:
         return int(chosen)

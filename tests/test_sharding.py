@@ -303,7 +303,7 @@ def test_run_config_shard_field():
 
 PROBE = ("import sys; from metarl import sharding; "
          "n = sharding.use_cpu_cores(int(sys.argv[1]) if len(sys.argv) > 1 else None); "
-         "import jax; print(n, jax.device_count())")
+         "import jax, os; print(n, jax.device_count(), os.environ['XLA_FLAGS'])")
 
 
 def probe(*args: str, **env: str) -> str:
@@ -311,7 +311,7 @@ def probe(*args: str, **env: str) -> str:
         [sys.executable, "-c", PROBE, *args],
         env=env_without_device_count(JAX_PLATFORMS="cpu", **env),
         capture_output=True, text=True, timeout=120, check=True,
-    ).stdout.split()
+    ).stdout.split()[:2]
 
 
 def test_use_cpu_cores_exposes_one_device_per_core_or_the_count_asked():
@@ -320,6 +320,39 @@ def test_use_cpu_cores_exposes_one_device_per_core_or_the_count_asked():
     # a count the user already chose wins
     assert probe("3", XLA_FLAGS="--xla_force_host_platform_device_count=5") == ["5", "5"]
     assert probe("3", JAX_NUM_CPU_DEVICES="2") == ["2", "2"]
+
+
+def probe_flags(**env: str) -> list[str]:
+    return subprocess.run(
+        [sys.executable, "-c", PROBE, "2"],
+        env=env_without_device_count(JAX_PLATFORMS="cpu", **env),
+        capture_output=True, text=True, timeout=120, check=True,
+    ).stdout.split()[2:]
+
+
+def test_use_cpu_cores_lets_a_lagging_device_wait_instead_of_aborting():
+    """XLA aborts a CPU collective whose devices arrive over 40 s apart (a niced sharded
+    run did, at load 5); the devices use_cpu_cores exposes wait as long as XLA's own
+    collective timeout, and a value the user set is kept. XLA accepted the flag: the
+    probe computed with it."""
+    wait = f"--xla_cpu_collective_call_terminate_timeout_seconds={sharding.COLLECTIVE_WAIT_SECONDS}"
+    assert wait in probe_flags()
+    assert probe_flags(XLA_FLAGS="--xla_cpu_collective_call_terminate_timeout_seconds=60") == [
+        "--xla_cpu_collective_call_terminate_timeout_seconds=60"]
+
+
+def test_the_collective_wait_does_not_change_a_stored_training_key(monkeypatch):
+    from metarl.evolve import store
+
+    monkeypatch.setattr(store, "_CODE_VERSION", None)
+    monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_collective_call_terminate_timeout_seconds=9")
+    waiting = store.code_version()
+    monkeypatch.setattr(store, "_CODE_VERSION", None)
+    monkeypatch.delenv("XLA_FLAGS")
+    assert store.code_version() == waiting
+    monkeypatch.setattr(store, "_CODE_VERSION", None)
+    monkeypatch.setenv("XLA_FLAGS", "--xla_backend_optimization_level=1")
+    assert store.code_version() != waiting  # a flag that can change rounding still counts
 
 
 def test_use_cpu_cores_rejects_bad_counts_and_late_calls():
