@@ -91,9 +91,32 @@ class Text:
         return self.value
 
 
-def _eval_seeds(record: dict) -> str:
-    reused = " reused" if record.get("eval_seed_reused") else ""
+def _eval_seeds(record: dict, path: str = "") -> str:
+    reused = " reused" if _reused(record, path) else ""
     return f"{record['seeds']} (root {record['eval_seed']}{reused})"
+
+
+REUSED_NOTE = ("*reused*: an earlier evaluation of the same run drew its held-out seeds from "
+               "this root, so the verdict was made on seeds seen before.")
+
+
+def _with_reused_note(lines: list[str]) -> str:
+    """The table, and below it what *reused* means when a row says it."""
+    table = "\n".join(lines)
+    return table + ("\n\n" + REUSED_NOTE if " reused)" in table else "")
+
+
+def _reused(record: dict, path: str) -> bool:
+    """The record's ``eval_seed_reused``; a record saved before that field existed
+    (``path``, ``RUN/evaluations/N.json``) reused its root when an earlier evaluation of
+    the same run drew from the same one."""
+    if "eval_seed_reused" in record or not path:
+        return bool(record.get("eval_seed_reused"))
+    file = RESULTS / path
+    return any(json.loads(other.read_text(encoding="utf-8")).get("eval_seed")
+               == record["eval_seed"]
+               for other in file.parent.glob("*.json")
+               if other.stem.isdigit() and int(other.stem) < int(file.stem))
 
 
 def _name(objective: str) -> tuple[str, bool]:
@@ -112,7 +135,7 @@ def cells(source: Source, env: str) -> tuple[dict[tuple[str, bool], Cell | Text]
             if _name(c["evolved"])[0] == "evolved":
                 found[_name(c["baseline"])] = Cell(c["probability_of_improvement"], c["low"],
                                                    c["high"], c["verdict"])
-        return found, _eval_seeds(record)
+        return found, _eval_seeds(record, source.path)
     if source.kind == "replicated":
         for c in record["pooled"]:
             if c["env_id"] == env:
@@ -137,7 +160,7 @@ def cells(source: Source, env: str) -> tuple[dict[tuple[str, bool], Cell | Text]
                     per_run = tuple(v for v, n in c["counts"].items() for _ in range(n))
                     found[_name(c["baseline"])] = Cell(p["value"], p["low"], p["high"],
                                                        c["outcome"], per_run)
-        seeds = {_eval_seeds(_run_evaluation(run)) for run in runs}
+        seeds = {_eval_seeds(*_run_evaluation(run)) for run in runs}
         count = f"{len(runs)} × " if len(runs) > 1 else ""
         return found, count + " / ".join(sorted(seeds))
     if source.kind == "engines":
@@ -176,14 +199,16 @@ def cells(source: Source, env: str) -> tuple[dict[tuple[str, bool], Cell | Text]
                      "or engines")
 
 
-def _run_evaluation(run: dict) -> dict:
-    """The evaluation record a ``comparison.json`` run row read: its ``evaluation`` number,
-    else the newest one of its run directory."""
+def _run_evaluation(run: dict) -> tuple[dict, str]:
+    """The evaluation record a ``comparison.json`` run row read (its ``evaluation`` number,
+    else the newest one of its run directory) and its path under ``docs/results``."""
     folder = ROOT / run["run_dir"] / "evaluations"
     number = run.get("evaluation")
     if number is None:
         number = max(int(p.stem) for p in folder.glob("*.json"))
-    return json.loads((folder / f"{number}.json").read_text(encoding="utf-8"))
+    file = folder / f"{number}.json"
+    return (json.loads(file.read_text(encoding="utf-8")),
+            file.relative_to(RESULTS).as_posix())
 
 
 @dataclass(frozen=True)
@@ -251,7 +276,7 @@ def render(block: Block) -> str:
         links = ", ".join(dict.fromkeys(_record_link(s, block.page) for s in row.sources))
         task = row.task + (f" {row.note}" if row.note else "")
         lines.append("| " + " | ".join([search, task, seeds, *texts, links]) + " |")
-    return "\n".join(lines)
+    return _with_reused_note(lines)
 
 
 def _ev(path: str) -> Source:
@@ -445,7 +470,7 @@ def render_found(block: Block) -> str:
                             for label, baseline in row.against)
         links = ", ".join(_record_link(s, block.page) for s in row.sources)
         lines.append(f"| {row.search} | {row.task} | {seeds} | {against} | {links} |")
-    return "\n".join(lines)
+    return _with_reused_note(lines)
 
 
 FOUND: dict[str, Block] = {

@@ -63,6 +63,32 @@ def test_a_reused_held_out_root_is_marked(render):
     assert render._eval_seeds({"seeds": 16, "eval_seed": 7}) == "16 (root 7)"
 
 
+def test_a_record_older_than_the_reuse_field_is_marked_from_its_run(render, tmp_path,
+                                                                    monkeypatch):
+    """Before records said whether they reused a root, the blog-sized run's second
+    evaluation (a wider grid, designed after the first) drew from the first one's root:
+    a record without the field is reused when an earlier evaluation of its run used the
+    same root, and the table says what *reused* means."""
+    found, seeds = render.cells(
+        render.Source("evaluation", "value_distance_blog_cpu/evaluations/2.json"),
+        "CartPole-v1")
+    assert seeds == "64 (root 10007 reused)"
+    monkeypatch.setattr(render, "RESULTS", tmp_path)
+    folder = tmp_path / "run" / "evaluations"
+    folder.mkdir(parents=True)
+    for number, root in ((1, 10007), (2, 10008), (3, 10007)):
+        (folder / f"{number}.json").write_text(f'{{"seeds": 4, "eval_seed": {root}}}')
+    marks = [render._eval_seeds({"seeds": 4, "eval_seed": root}, f"run/evaluations/{n}.json")
+             for n, root in ((1, 10007), (2, 10008), (3, 10007))]
+    assert marks == ["4 (root 10007)", "4 (root 10008)", "4 (root 10007 reused)"]
+    # a record that says it did not reuse its root is believed
+    assert render._eval_seeds({"seeds": 4, "eval_seed": 10007, "eval_seed_reused": False},
+                              "run/evaluations/3.json") == "4 (root 10007)"
+    table = render._with_reused_note(["| 4 (root 10007 reused) |"])
+    assert table.endswith(render.REUSED_NOTE)
+    assert render._with_reused_note(["| 4 (root 10007) |"]) == "| 4 (root 10007) |"
+
+
 def test_check_fails_on_a_page_that_differs_and_writes_nothing(render, monkeypatch, capsys):
     page = "docs/evidence/value-distance.md"
     before = (ROOT / page).read_text(encoding="utf-8")
