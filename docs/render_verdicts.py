@@ -51,12 +51,14 @@ class Cell:
     high: float
     verdict: str
     runs: tuple[str, ...] = ()
+    edge: bool = False  # a tuned choice of either side lay at the edge of its final grid
 
     def text(self) -> str:
         pooled = ""
         if self.runs:
             pooled = f" ({sum(v == self.verdict for v in self.runs)} of {len(self.runs)})"
-        return f"{self.p:.2f} [{self.low:.2f}, {self.high:.2f}]: {self.verdict}{pooled}"
+        edge = f" {EDGE_MARK}" if self.edge else ""
+        return f"{self.p:.2f} [{self.low:.2f}, {self.high:.2f}]: {self.verdict}{pooled}{edge}"
 
 
 @dataclass(frozen=True)
@@ -98,12 +100,17 @@ def _eval_seeds(record: dict, path: str = "") -> str:
 
 REUSED_NOTE = ("*reused*: an earlier evaluation of the same run drew its held-out seeds from "
                "this root, so the verdict was made on seeds seen before.")
+EDGE_MARK = "‡"
+EDGE_NOTE = (f"{EDGE_MARK}: a tuned choice of either side lay at the edge of its grid, which "
+             "was not widened past it; a wider grid could change the verdict.")
 
 
-def _with_reused_note(lines: list[str]) -> str:
-    """The table, and below it what *reused* means when a row says it."""
+def _with_notes(lines: list[str]) -> str:
+    """The table, and below it what *reused* and the edge mark mean when a row has them."""
     table = "\n".join(lines)
-    return table + ("\n\n" + REUSED_NOTE if " reused)" in table else "")
+    notes = [note for mark, note in ((" reused)", REUSED_NOTE), (EDGE_MARK, EDGE_NOTE))
+             if mark in table]
+    return "\n\n".join([table, *notes])
 
 
 def _reused(record: dict, path: str) -> bool:
@@ -131,10 +138,14 @@ def cells(source: Source, env: str) -> tuple[dict[tuple[str, bool], Cell | Text]
     record = source.load()
     found: dict[tuple[str, bool], Cell | Text] = {}
     if source.kind == "evaluation":
+        tuning = record.get("tuning", {}).get("environments", {}).get(env, {})
         for c in record["statistics"]["environments"][env]["comparisons"]:
-            if _name(c["evolved"])[0] == "evolved":
-                found[_name(c["baseline"])] = Cell(c["probability_of_improvement"], c["low"],
-                                                   c["high"], c["verdict"])
+            evolved, baseline = _name(c["evolved"]), _name(c["baseline"])
+            if evolved[0] == "evolved":
+                edge = evolved[1] and baseline[1] and any(
+                    tuning.get(name, {}).get("at_edge") for name in (evolved[0], baseline[0]))
+                found[baseline] = Cell(c["probability_of_improvement"], c["low"], c["high"],
+                                       c["verdict"], edge=bool(edge))
         return found, _eval_seeds(record, source.path)
     if source.kind == "replicated":
         for c in record["pooled"]:
@@ -276,7 +287,7 @@ def render(block: Block) -> str:
         links = ", ".join(dict.fromkeys(_record_link(s, block.page) for s in row.sources))
         task = row.task + (f" {row.note}" if row.note else "")
         lines.append("| " + " | ".join([search, task, seeds, *texts, links]) + " |")
-    return _with_reused_note(lines)
+    return _with_notes(lines)
 
 
 def _ev(path: str) -> Source:
@@ -470,7 +481,7 @@ def render_found(block: Block) -> str:
                             for label, baseline in row.against)
         links = ", ".join(_record_link(s, block.page) for s in row.sources)
         lines.append(f"| {row.search} | {row.task} | {seeds} | {against} | {links} |")
-    return _with_reused_note(lines)
+    return _with_notes(lines)
 
 
 FOUND: dict[str, Block] = {

@@ -38,8 +38,9 @@ def test_a_cell_reads_the_record_and_a_changed_page_is_caught(render):
     found, seeds = render.cells(
         render.Source("evaluation", "value_distance_blog_cpu/evaluations/1.json"),
         "CartPole-v1")
-    assert found[("l2", True)].text() == "0.77 [0.66, 0.86]: better"
-    assert found[("l2", False)].text() == "1.00 [1.00, 1.00]: better"
+    # every objective chose its grid's largest learning rate, and the grid was not widened
+    assert found[("l2", True)].text() == "0.77 [0.66, 0.86]: better ‡"
+    assert found[("l2", False)].text() == "1.00 [1.00, 1.00]: better"  # untuned: no grid
     assert seeds == "64 (root 10007)"
     # a pooled cell counts the runs that alone gave the pooled verdict
     found, seeds = render.cells(
@@ -51,7 +52,8 @@ def test_a_cell_reads_the_record_and_a_changed_page_is_caught(render):
     name, block = "value_distance", render.BLOCKS["value_distance"]
     stale = f"before\n<!-- verdicts:{name} begin -->\n| old |\n<!-- verdicts:{name} end -->\n"
     fresh = render.apply(stale, name, render.render(block))
-    assert "| old |" not in fresh and "0.77 [0.66, 0.86]: better" in fresh
+    assert "| old |" not in fresh and "0.77 [0.66, 0.86]: better ‡" in fresh
+    assert fresh.count(render.EDGE_NOTE) == 1
     assert render.apply(fresh, name, render.render(block)) == fresh
     with pytest.raises(ValueError, match="verdicts:value_distance begin"):
         render.apply("no markers", name, "table")
@@ -84,9 +86,9 @@ def test_a_record_older_than_the_reuse_field_is_marked_from_its_run(render, tmp_
     # a record that says it did not reuse its root is believed
     assert render._eval_seeds({"seeds": 4, "eval_seed": 10007, "eval_seed_reused": False},
                               "run/evaluations/3.json") == "4 (root 10007)"
-    table = render._with_reused_note(["| 4 (root 10007 reused) |"])
+    table = render._with_notes(["| 4 (root 10007 reused) |"])
     assert table.endswith(render.REUSED_NOTE)
-    assert render._with_reused_note(["| 4 (root 10007) |"]) == "| 4 (root 10007) |"
+    assert render._with_notes(["| 4 (root 10007) |"]) == "| 4 (root 10007) |"
 
 
 def test_check_fails_on_a_page_that_differs_and_writes_nothing(render, monkeypatch, capsys):
