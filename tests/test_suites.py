@@ -78,6 +78,31 @@ def test_an_experiment_takes_a_suites_sides_as_its_tasks():
                           "inner": {"env_id": "CartPole-v1"}})
 
 
+def test_suite_train_keeps_part_of_the_meta_train_side_and_the_whole_meta_test_side():
+    def config(train):
+        return config_from_dict({"name": "x", "objective": {"name": "value_distance"},
+                                 "suite": {"name": "classic", "train": train,
+                                           "settings": {"num_envs": 4}}})
+
+    whole = config_from_dict({"name": "x", "objective": {"name": "value_distance"},
+                              "suite": {"name": "classic", "settings": {"num_envs": 4}}})
+    one = config(["CartPole-v1"])
+    assert one.task_labels == ("CartPole-v1",)
+    assert one.inner == whole.inner[:1]  # the suite's settings, and suite.settings on top
+    assert one.held_out == whole.held_out
+    assert one.held_out_labels == tuple(task.label for task in get_suite("classic").test)
+    # the suite's order, whatever the order given
+    assert config(["UmbrellaChain-bsuite", "CartPole-v1"]).task_labels == (
+        "CartPole-v1", "UmbrellaChain-bsuite")
+    for train, message in (([], "non-empty list"), ("CartPole-v1", "non-empty list"),
+                           ([3], "non-empty list"),
+                           (["Acrobot-v1"], "'Acrobot-v1' not on suite 'classic'.s "
+                                            "meta-train side"),
+                           (["CartPole-v1", "CartPole-v1"], "named twice")):
+        with pytest.raises(ConfigError, match=f"suite.train: .*{message}"):
+            config(train)
+
+
 def test_the_store_reuses_exactly_and_misses_on_any_change(tmp_path, monkeypatch):
     calls = []
 

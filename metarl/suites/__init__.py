@@ -57,22 +57,46 @@ def get_suite(name: str) -> Suite:
 def suite_experiment_tasks(value: Any) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
     """An experiment's ``suite`` entry as its ``([[inner]], [[held_out]])`` configs.
 
-    ``value`` is a suite's name, or a table ``{name = "...", settings = {...}}`` whose
-    ``settings`` (``[inner]`` field -> value, e.g. a smaller ``total_timesteps`` for a
-    smoke run) apply to every task of both sides."""
+    ``value`` is a suite's name, or a table ``{name = "...", settings = {...}, train =
+    [...]}`` whose ``settings`` (``[inner]`` field -> value, e.g. a smaller
+    ``total_timesteps`` for a smoke run) apply to every task of both sides, and whose
+    ``train`` (labels of meta-train tasks) keeps only those tasks as ``[[inner]]``, in the
+    suite's order: a search on part of the meta-train side, held out on the same meta-test
+    side (the tasks of the meta-train side it leaves out are in neither)."""
+    train = None
     if isinstance(value, str):
         name, settings = value, {}
     elif isinstance(value, Mapping):
-        unknown = set(value) - {"name", "settings"}
+        unknown = set(value) - {"name", "settings", "train"}
         if unknown or "name" not in value:
-            raise ConfigError(f"suite: expected a suite's name or a table with name and "
-                              f"settings, got {dict(value)!r}")
+            raise ConfigError(f"suite: expected a suite's name or a table with name, "
+                              f"settings and train, got {dict(value)!r}")
         name, settings = value["name"], value.get("settings", {})
         if not isinstance(settings, Mapping):
             raise ConfigError(f"suite.settings: expected a table, got {settings!r}")
+        train = value.get("train")
     else:
         raise ConfigError(f"suite: expected a suite's name, got {value!r}")
     suite = get_suite(name)
     suite.check_installed()
-    return (tuple(task.config(settings) for task in suite.train),
+    tasks = suite.train if train is None else _kept(suite, train)
+    return (tuple(task.config(settings) for task in tasks),
             tuple(task.config(settings) for task in suite.test))
+
+
+def _kept(suite: Suite, train: Any) -> tuple[SuiteTask, ...]:
+    """The tasks of ``suite``'s meta-train side that ``suite.train`` names (a non-empty list
+    of distinct labels of that side), in the suite's order."""
+    labels = [task.label for task in suite.train]
+    if (not isinstance(train, list | tuple) or not train
+            or not all(isinstance(label, str) for label in train)):
+        raise ConfigError(f"suite.train: expected a non-empty list of task labels of suite "
+                          f"{suite.name!r}'s meta-train side ({', '.join(labels)}), got "
+                          f"{train!r}")
+    unknown = [label for label in train if label not in labels]
+    if unknown:
+        raise ConfigError(f"suite.train: {', '.join(map(repr, unknown))} not on suite "
+                          f"{suite.name!r}'s meta-train side ({', '.join(labels)})")
+    if len(set(train)) != len(train):
+        raise ConfigError(f"suite.train: a task is named twice in {list(train)!r}")
+    return tuple(task for task in suite.train if task.label in train)

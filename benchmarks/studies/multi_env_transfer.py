@@ -1,0 +1,255 @@
+"""Does a value distance meta-trained on several environments transfer better than one
+meta-trained on one?
+
+Runs two experiments that differ only in what they meta-train on, for evolution seeds
+``0 .. N-1`` (``--evolution-seeds N``, ``run.seed`` = the evolution seed), each through the
+``metarl`` command as a user runs it:
+
+- ``experiments/value_distance_classic.toml``: the ``classic`` suite's meta-train side
+  (CartPole-v1, Catch-bsuite, UmbrellaChain-bsuite);
+- ``experiments/value_distance_classic_cartpole.toml``: CartPole-v1 alone, at the suite's
+  CartPole settings (``[suite] train = ["CartPole-v1"]``), with the same objective, search,
+  generations, candidates and seeds per candidate.
+
+Each run is ``metarl run EXPERIMENT --time-limit T`` and then ``metarl resume --time-limit
+T`` until it has finished; a run directory under ``--runs-dir`` that has finished is reused
+as it is, one stopped or interrupted is resumed (one made with another config is refused).
+Then ``metarl evaluate RUN --suite classic --tune`` judges it on every environment of the
+suite against its tuned baselines, all runs with one training store (``--runs-dir``/store),
+so the baselines are trained once for all of them.
+
+Everything is judged on classic's meta-test side (Acrobot-v1, Pendulum-v1, DeepSea-bsuite,
+DiscountingChain-bsuite), which neither experiment trains on. An evaluation record pools
+over the environments its run never trained on, which for the CartPole-only run also takes
+in Catch and UmbrellaChain; so beside the record's own pooled rows (``pooled``, with
+``pooled_over``) the output holds ``meta_test_pooled``: the same pooled rows
+(:func:`metarl.evolve.suite_verdicts.suite_section`, from the record's held-out rows and
+per-environment untrained-policy IQMs) over the meta-test side alone, the rows to compare
+between the two experiments. For the multi-environment run the two are the same rows
+(``meta_test_pooled_matches_record``).
+
+One evolution seed (the default) says how one search went; **three are needed before any
+claim** about meta-training on several environments.
+
+Expected cost on the 2-core CPU (nothing else running; estimated, not measured): the runs
+about 25-32 min (multi-environment) and 15-19 min (CartPole alone), from the experiment
+files' headers; the first evaluation with an empty store most of an hour (every
+environment compiles its programs: docs/evidence/generalisation.md measured 57 min for one
+tuned evaluation on classic before the programs were shared), later ones minutes (every
+run is judged on the same held-out seeds, so the baselines come from the store and the
+programs from the compilation cache beside it): about 2 h for the first evolution seed,
+1-1.5 h for each further one. The smoke took 43 min of wall at nice 19 beside another job
+(load 3-6): 12 min the first run, 28 min the first evaluation, 2 min the rest.
+
+    python benchmarks/studies/multi_env_transfer.py --evolution-seeds 3 \\
+        --runs-dir runs/multi_env_transfer --out docs/results/multi_env_transfer.json
+    python benchmarks/studies/multi_env_transfer.py --smoke --out /tmp/multi_env_smoke.json
+
+``--smoke`` shrinks everything through ``--set`` (one generation of 2 candidates, one seed
+per candidate, every meta-train task at 4 environments x 32 steps x 16 updates, 2 baseline
+seeds) and the evaluation's options (2 held-out seeds, 2 tuning seeds, the declared grids
+only, L2 alone as the baseline), in a temporary runs directory unless ``--runs-dir`` is
+given; the evaluation still trains at the suite's own budgets (``--suite`` fixes them),
+which is most of its time. Writes one JSON document (``--out``) and prints it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+SUITE = "classic"
+EXPERIMENTS = ("value_distance_classic", "value_distance_classic_cartpole")
+STOPPED_EXIT_CODE = 4  # metarl run/resume stopped by --time-limit, resumable
+SMOKE_SETS = ("es.population_size=2", "es.generations=1", "fitness.seeds_per_candidate=1",
+              "fitness.baseline_seeds=2", "suite.settings.num_envs=4",
+              "suite.settings.num_steps=32", "suite.settings.total_timesteps=2048",
+              "run.progress=false")
+SMOKE_EVALUATE = ("--seeds", "2", "--tune-seeds", "2", "--tune-rounds", "0",
+                  "--baselines", "l2")
+RECORD_LINE = re.compile(r"^(?:saved|reusing|replaced) (\S+\.json)")
+
+
+def metarl(*args: str) -> list[str]:
+    return [sys.executable, "-m", "metarl", *args]
+
+
+def call(command: list[str], log: list[dict]) -> subprocess.CompletedProcess:
+    """Run ``command`` from the repository root, its output kept; logged with its exit
+    code and seconds."""
+    started = time.perf_counter()
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+    log.append({"command": " ".join(command), "returncode": done.returncode,
+                "seconds": round(time.perf_counter() - started, 1)})
+    return done
+
+
+def failed(done: subprocess.CompletedProcess) -> RuntimeError:
+    return RuntimeError(f"{' '.join(done.args)} exited with {done.returncode}:\n"
+                        f"{(done.stdout + done.stderr)[-3000:]}")
+
+
+def evolve(experiment: str, seed: int, run_dir: Path, sets: list[str], time_limit: str,
+           log: list[dict]) -> bool:
+    """``metarl run`` then ``metarl resume`` until ``run_dir`` has finished. Returns
+    whether a finished run directory was reused (nothing run)."""
+    from metarl.kinds import load_experiment, read_config
+    from metarl.runs.listing import run_info
+
+    if run_dir.exists():
+        wanted = load_experiment(experiment, sets)
+        if read_config(run_dir) != wanted:
+            raise RuntimeError(f"{run_dir} holds a run of another config than {experiment} "
+                               f"with {sets}: give another --runs-dir or remove it")
+        info = run_info(run_dir)
+        if info.state == "finished":
+            return True
+        if info.checkpoint is None:
+            raise RuntimeError(f"{run_dir} has no checkpoint to resume ({info.state}): "
+                               "remove it to start the run again")
+        command = metarl("resume", str(run_dir), "--no-plots", "--time-limit", time_limit)
+    else:
+        command = metarl("run", experiment, "--run-dir", str(run_dir), "--no-plots",
+                         "--time-limit", time_limit, *[part for s in sets for part in ("--set", s)])
+    while True:
+        done = call(command, log)
+        if done.returncode == 0:
+            return False
+        if done.returncode != STOPPED_EXIT_CODE:
+            raise failed(done)
+        command = metarl("resume", str(run_dir), "--no-plots", "--time-limit", time_limit)
+
+
+def meta_test_pooled(record: dict) -> dict:
+    """The record's pooled rows recomputed over the suite's meta-test side alone: the
+    record's held-out rows, statistics and tuning, the untrained policy's floor per
+    environment from the record's rows (an IQM, given as a one-seed result, which
+    :func:`metarl.stats.aggregate` returns as it is)."""
+    from metarl.evolve.suite_verdicts import suite_section
+
+    section = record["suite"]
+    suite = {key: section[key] for key in ("name", "version", "train", "test")}
+    untrained = {row["environment"]: {"returns": [row["untrained_iqm"]]}
+                 for row in section["environments"]}
+    tuning = (record.get("tuning") or {}).get("environments")
+    recomputed = suite_section(suite, record["results"], untrained, suite["train"],
+                               record["statistics"], tuning)
+    return {"pooled_over": recomputed["pooled_over"], "pooled": recomputed["pooled"]}
+
+
+def evaluate(run_dir: Path, store: Path, flags: list[str], log: list[dict]) -> dict:
+    """``metarl evaluate RUN --suite classic --tune``; the record's pooled rows and
+    meta-test rows."""
+    done = call(metarl("evaluate", str(run_dir), "--suite", SUITE, "--tune",
+                       "--cache-dir", str(store), *flags), log)
+    if done.returncode != 0:
+        raise failed(done)
+    paths = [m.group(1) for line in done.stdout.splitlines()
+             if (m := RECORD_LINE.match(line))]
+    if len(paths) != 1:
+        raise RuntimeError(f"no record path in the output of {' '.join(done.args)}:\n"
+                           f"{done.stdout[-3000:]}")
+    path = Path(paths[0])
+    record = json.loads(path.read_text())
+    section = record["suite"]
+    mine = meta_test_pooled(record)
+    store_line = [line for line in done.stdout.splitlines()
+                  if line.startswith("training store")]
+    return {
+        "record": str(path), "record_id": record.get("id"), "eval_seed": record["eval_seed"],
+        "seeds": record["seeds"], "store": store_line[-1] if store_line else None,
+        "suite": {key: section[key] for key in ("name", "version", "train", "test")},
+        "trained_on": section["trained_on"], "pooled_over": section["pooled_over"],
+        "pooled": section["pooled"],
+        "meta_test_pooled": mine["pooled"],
+        "meta_test_pooled_matches_record": (
+            mine["pooled_over"] == section["pooled_over"]
+            and json.dumps(mine["pooled"], sort_keys=True)
+            == json.dumps(section["pooled"], sort_keys=True)),
+        "meta_test_rows": [row for row in section["environments"] if row["side"] == "test"],
+    }
+
+
+def revision() -> str | None:
+    done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
+                          capture_output=True, text=True)
+    return done.stdout.strip() or None
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--evolution-seeds", type=int, default=1,
+                        help="evolution seeds 0..N-1 per experiment (default 1; 3 before "
+                             "any claim)")
+    parser.add_argument("--runs-dir", default=None,
+                        help="where the run directories and the training store are kept "
+                             "and reused (default: runs/multi_env_transfer; --smoke: a "
+                             "temporary directory)")
+    parser.add_argument("--time-limit", default="2h",
+                        help="each metarl run/resume job's --time-limit (default 2h)")
+    parser.add_argument("--smoke", action="store_true")
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args(argv)
+    if args.evolution_seeds < 1:
+        parser.error("--evolution-seeds: at least 1")
+
+    started, load_start = time.perf_counter(), os.getloadavg()
+    date = datetime.now(UTC).isoformat(timespec="seconds")
+    runs_dir = Path(args.runs_dir or (tempfile.mkdtemp(prefix="multi-env-transfer-")
+                                      if args.smoke else ROOT / "runs" / "multi_env_transfer"))
+    runs_dir.mkdir(parents=True, exist_ok=True)
+    sets = list(SMOKE_SETS) if args.smoke else []
+    flags = list(SMOKE_EVALUATE) if args.smoke else []
+    log: list[dict] = []
+    runs = []
+    for seed in range(args.evolution_seeds):
+        for experiment in EXPERIMENTS:
+            run_dir = runs_dir / f"{experiment}_seed{seed}"
+            before = len(log)
+            reused = evolve(experiment, seed, run_dir, [*sets, f"run.seed={seed}"],
+                            args.time_limit, log)
+            evolution_seconds = sum(entry["seconds"] for entry in log[before:])
+            runs.append({"experiment": experiment, "evolution_seed": seed,
+                         "run_dir": str(run_dir), "reused_finished_run": reused,
+                         "evolution_seconds": round(evolution_seconds, 1),
+                         "evaluation": evaluate(run_dir, runs_dir / "store" / "trainings",
+                                                flags, log)})
+    result = {
+        "study": "multi_env_transfer",
+        "question": "does a value distance meta-trained on classic's meta-train side "
+                    "transfer to its meta-test side better than one meta-trained on "
+                    "CartPole-v1 alone?",
+        "suite": SUITE, "smoke": args.smoke, "evolution_seeds": args.evolution_seeds,
+        "experiments": {name: f"experiments/{name}.toml" for name in EXPERIMENTS},
+        "overrides": sets, "evaluate_flags": ["--suite", SUITE, "--tune", *flags],
+        "runs_dir": str(runs_dir),
+        "command": " ".join([sys.executable, *sys.argv]) if argv is None
+        else " ".join(["benchmarks/studies/multi_env_transfer.py", *argv]),
+        "commands": log,
+        "runs": runs,
+        "conditions": {
+            "date": date, "load_average_start": [round(x, 2) for x in load_start],
+            "load_average_end": [round(x, 2) for x in os.getloadavg()],
+            "wall_seconds": round(time.perf_counter() - started, 1),
+            "cpus": os.cpu_count(), "platform": platform.platform(),
+            "python": platform.python_version(), "revision": revision()},
+    }
+    text = json.dumps(result, indent=1)
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
