@@ -110,7 +110,7 @@ def _with_notes(lines: list[str]) -> str:
     table = "\n".join(lines)
     notes = [note for mark, note in ((" reused)", REUSED_NOTE), (EDGE_MARK, EDGE_NOTE))
              if mark in table]
-    return "\n\n".join([table, *notes])
+    return "\n\n".join([table, " ".join(notes)]) if notes else table
 
 
 def _reused(record: dict, path: str) -> bool:
