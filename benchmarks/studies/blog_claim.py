@@ -58,7 +58,12 @@ def judge_record(record: dict) -> dict:
     tuning = record.get("tuning", {}).get("environments", {}).get(env, {})
     out["tuned_choices"] = {name: {"chosen": t.get("chosen"), "at_edge": t.get("at_edge"),
                                    "settings": t.get("budget", {}).get("settings"),
-                                   "widening": t.get("widening")}
+                                   "widening": t.get("widening"),
+                                   "relative_to": t.get("relative_to") or {},
+                                   "widened": [{"round": r["round"], **point}
+                                               for r in t.get("rounds", [])
+                                               if r.get("reason") == "widen"
+                                               for point in r["added"]]}
                             for name, t in tuning.items()}
     return out
 
