@@ -593,7 +593,8 @@ def _add_reading_commands(commands) -> None:
     evaluate.add_argument("--tune-rounds", type=int, default=3,
                           help="with --tune: the cap of widening rounds (default 3; 0: the "
                                "declared grids only). A knob chosen at an edge of its grid is "
-                               "followed one step further (the grid's own ratio, within the "
+                               "followed one step further (the grid's own ratio, the evolved "
+                               "objective's by the baselines' largest; within the "
                                "knob's valid range) on the tuning seeds and the objective "
                                "tuned again; then every objective gets as many settings in "
                                "all as the one with most. A knob still at an edge at the cap "

@@ -390,6 +390,9 @@ def test_shipped_grids_give_every_objective_twelve_settings():
     assert evolved.settings == 12 and list(evolved.grid) == ["learning_rate"]
     rates = evolved.grid["learning_rate"]
     assert {1 / 3, 1.0, 3.0} <= set(rates) and rates == sorted(rates)
+    # its fine grid widens by the baselines' coarsest step (x3), not its own x1.22
+    assert evolved.widen_ratios == {"learning_rate": pytest.approx(3.0)}
+    assert all(plan.widen_ratios == {} for plan in plans)
     assert fill_grid([1.0, 4.0], 3) == [1.0, 2.0, 4.0]
     assert fill_grid([0.0, 1.0], 3) == [0.0, 0.5, 1.0]
 

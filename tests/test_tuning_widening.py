@@ -28,6 +28,7 @@ from metarl.evolve.tuning import (
     balance,
     balance_objective,
     choose,
+    fill_grid,
     format_tuning,
     grid_edges,
     next_value,
@@ -70,6 +71,28 @@ def test_next_value_continues_the_grids_own_spacing():
     assert next_value([0.03, 0.1, 0.3, 1.0], "highest") == pytest.approx(3.333)
     assert next_value([-1.0, 0.0], "highest") == 1.0  # not positive: by the difference
     assert next_value([-1.0, 0.0], "lowest") == -2.0
+
+
+def test_a_given_ratio_replaces_the_grids_own_spacing_for_positive_knobs():
+    assert next_value([1.0, 1.25, 1.5], "highest", 3.0) == 4.5
+    assert next_value([1.0, 1.25, 1.5], "lowest", 3.0) == 0.3333
+    assert next_value([-1.0, 0.0], "highest", 3.0) == 1.0  # not positive: the difference
+
+
+def test_a_fine_grid_widened_by_the_baselines_step_reaches_what_their_grid_reaches():
+    """The evolved objective's learning rates are 12 points over the baselines' 1/3x to 3x:
+    widened by their own x1.22 spacing, three rounds end at 5.4x; by the baselines' x3,
+    at 27x, as the baselines' own grid does."""
+    fine = fill_grid([1 / 3, 1.0, 3.0], 12)
+    score, asked = planted("learning_rate", 30.0)
+    own = widen({"learning_rate": fine}, score, anything, rounds=3)
+    assert max(s["learning_rate"] for s in own.settings) < 6.0
+    assert own.edges(choose(own.results)) == {"learning_rate": "highest"}  # still capped
+    score, asked = planted("learning_rate", 30.0)
+    stepped = widen({"learning_rate": fine}, score, anything, rounds=3,
+                    ratios={"learning_rate": 3.0})
+    assert [s["learning_rate"] for s in asked][12:] == [9.0, 27.0, 81.0]
+    assert stepped.settings[choose(stepped.results)] == {"learning_rate": 27.0}
 
 
 def test_a_best_learning_rate_far_outside_the_first_grid_is_found():
@@ -201,6 +224,12 @@ def test_a_real_tuned_evaluation_widens_and_keeps_every_round(widened):
         final, values = rounds[-1]["chosen"]["learning_rate"], sorted([0.01, 0.03, step])
         assert (record["widening"]["capped"] != {}) == (final in (values[0], values[-1]))
     assert records["evolved"]["budget"] == records["l2"]["budget"]  # equal budget
+    # the evolved objective steps by the baselines' coarsest ratio, and the spec says so
+    # (an evaluation widened by another rule is not found identical to this one)
+    assert records["evolved"]["widening"]["ratios"] == {"learning_rate": pytest.approx(3.0)}
+    assert records["l2"]["widening"]["ratios"] == {}
+    assert widened["spec"]["tune"]["widen_ratios"] == {
+        "CartPole-v1": {"evolved": {"learning_rate": pytest.approx(3.0)}}}
     text = format_tuning(widened)
     assert "grids widened past an edge for up to 1 rounds;" in text
     assert "rounds: grid +2; widen +1" in text

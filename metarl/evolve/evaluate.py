@@ -301,6 +301,11 @@ def _spec(config: ExperimentConfig, tasks: Mapping[str, Any], held_out: list[str
                         "by": settings.by, "rounds": settings.rounds,
                         "grids": {label: {name: plan.grid for name, plan in env.items()}
                                   for label, env in settings.plans.items()}}
+        if settings.rounds:  # steps not the grid's own: a record widened otherwise differs
+            spec["tune"]["widen_ratios"] = {
+                label: {name: plan.widen_ratios for name, plan in env.items()
+                        if plan.widen_ratios}
+                for label, env in settings.plans.items()}
     if axis is not None:
         spec["across"] = {axis.name: list(axis.values)}
     return spec

@@ -41,7 +41,11 @@ and is then trained on the held-out seeds at the setting that scored best.
   with that knob one step further, continuing the grid's own spacing (the ratio of its
   last two values for positive knobs, e.g. x3 steps of the learning rate; their
   difference otherwise), and the objective is chosen again over every setting scored so
-  far. A step that leaves the knob's valid range (``Tunable.low``/``high``, or a value
+  far. The evolved objective's shared knobs step as far as the baselines' do: their grid
+  is filled finely between the baselines' values, and widening by its own small ratio
+  (x1.25 for 12 learning rates over ⅓x to 3x) stops at the first noisy dip, short of
+  where the baselines' x3 steps reach, so such a knob widens by the largest ratio
+  between neighbouring values any baseline declares for it (``Knob.widen_ratio``). A step that leaves the knob's valid range (``Tunable.low``/``high``, or a value
   the algorithm refuses) is not taken: that knob is at the edge of its range. Rounds end
   when every choice is inside its values or after ``rounds`` widening rounds; the record
   then names the knobs still at an edge (``widening.capped``, ``widening.out_of_range``)
@@ -127,6 +131,9 @@ class Knob:
         relative, shared, option, slot, low, high: as in
             :class:`~metarl.objectives.registry.Tunable`.
         base: the run's own value a relative knob's values multiply.
+        widen_ratio: the factor one widening step moves a positive knob by, where it is
+            not the grid's own spacing (the evolved objective's shared knobs: the
+            baselines' coarsest step); ``None``: the grid's own.
     """
 
     name: str
@@ -139,6 +146,7 @@ class Knob:
     low: float | None = None
     high: float | None = None
     base: float = 1.0
+    widen_ratio: float | None = None
 
     def allows(self, value: float) -> bool:
         """Whether the declared ``value`` lies inside the knob's open valid range."""
@@ -175,6 +183,12 @@ class TuningPlan:
     def grid(self) -> dict[str, list[float]]:
         """Knob -> values as declared."""
         return {knob.name: list(knob.values) for knob in self.knobs}
+
+    @property
+    def widen_ratios(self) -> dict[str, float]:
+        """Knob -> the factor its widening steps move by, where not the grid's own."""
+        return {knob.name: knob.widen_ratio for knob in self.knobs
+                if knob.widen_ratio is not None}
 
 
 def check_tune_options(tune_seeds: Any, tune_seed: Any, eval_seed: int | None, run_seed: int,
@@ -337,8 +351,18 @@ def evolved_plan(name: str, baselines: Sequence[TuningPlan]) -> TuningPlan:
         low = max((k.low for k in shared[knob_name] if k.low is not None), default=None)
         high = min((k.high for k in shared[knob_name] if k.high is not None), default=None)
         result.append(Knob(knob_name, values, trained, relative, shared=True, low=low,
-                           high=high, base=base if relative else 1.0))
+                           high=high, base=base if relative else 1.0,
+                           widen_ratio=_coarsest_ratio(knob.values
+                                                       for knob in shared[knob_name])))
     return TuningPlan(name, tuple(result), skipped, relative_to)
+
+
+def _coarsest_ratio(grids) -> float | None:
+    """The largest ratio between neighbouring values of any of ``grids`` (each ascending
+    positive values); ``None`` where no grid has two positive values."""
+    ratios = [high / low for values in grids for low, high in zip(values, values[1:])
+              if low > 0 and high > 0]
+    return max(ratios) if ratios else None
 
 
 def _scaled(multiples: Sequence[float], base: float) -> tuple[float, ...]:
@@ -395,7 +419,8 @@ def tune_objective(plan: TuningPlan, objective, inner, fitness, seeds: int, tune
     declared units with their ``score``, and the ``chosen`` setting after it),
     ``widening`` (``cap``, ``rounds`` run, the knobs still at an edge when the cap was
     reached, ``capped``, or because the next step leaves their valid range,
-    ``out_of_range``) and the seconds of compilation and training. With nothing to
+    ``out_of_range``, and ``ratios``, the knobs whose steps were not the grid's own
+    spacing, :attr:`Knob.widen_ratio`) and the seconds of compilation and training. With nothing to
     search nothing trains and ``chosen`` is ``{}`` (the default setting).
     """
     if tune_by not in TUNE_STATISTICS:
@@ -411,8 +436,9 @@ def tune_objective(plan: TuningPlan, objective, inner, fitness, seeds: int, tune
     score = _scorer(plan, objective, inner, fitness, seeds, tune_seed, meta_params,
                     chunk_size, mesh, timing)
     allows = _allows(plan, inner, objective)
-    search = widen(plan.grid, score, allows, rounds, tune_by)
-    return _search_record(record, search, tune_by, seeds, rounds, allows, timing)
+    ratios = plan.widen_ratios
+    search = widen(plan.grid, score, allows, rounds, tune_by, ratios)
+    return _search_record(record, search, tune_by, seeds, rounds, allows, timing, ratios)
 
 
 def balance_objective(plan: TuningPlan, record: dict[str, Any], count: int, objective, inner,
@@ -433,8 +459,9 @@ def balance_objective(plan: TuningPlan, record: dict[str, Any], count: int, obje
     allows = _allows(plan, inner, objective)
     balanced = balance(_search_of(record), score, count, allows, tune_by)
     base = {key: record[key] for key in ("tune_by", "relative_to", "skipped")}
+    ratios = record["widening"].get("ratios") or {}
     return {**_search_record(base, balanced, tune_by, seeds, record["widening"]["cap"],
-                             allows, timing),
+                             allows, timing, ratios),
             **{key: value for key, value in record.items() if key not in _SEARCH_KEYS
                and key not in base}}
 
@@ -475,22 +502,27 @@ class Search:
         return edges
 
 
-def next_value(values: Sequence[float], end: str) -> float:
+def next_value(values: Sequence[float], end: str, ratio: float | None = None) -> float:
     """The value one step past the ``end`` (``"lowest"``/``"highest"``) of ``values``
     (ascending, at least 2), continuing their spacing there: the ratio of the last two
-    values when both are positive (x3 after 1, 3), else their difference; 4 significant
-    digits."""
+    values when both are positive (x3 after 1, 3), else their difference; a positive end
+    moves by ``ratio`` instead where one is given; 4 significant digits."""
     last, before = (values[-1], values[-2]) if end == "highest" else (values[0], values[1])
-    step = last * (last / before) if last > 0 and before > 0 else 2 * last - before
+    if ratio is not None and last > 0:
+        step = last * ratio if end == "highest" else last / ratio
+    else:
+        step = last * (last / before) if last > 0 and before > 0 else 2 * last - before
     return float(f"{step:.4g}")
 
 
 def widen(grid: Mapping[str, Sequence[float]], score, allows,
-          rounds: int = DEFAULT_TUNE_ROUNDS, statistic: str = DEFAULT_TUNE_BY) -> Search:
+          rounds: int = DEFAULT_TUNE_ROUNDS, statistic: str = DEFAULT_TUNE_BY,
+          ratios: Mapping[str, float] | None = None) -> Search:
     """Score the product ``grid`` (knob -> declared values), then for at most ``rounds``
     rounds, while the best setting is at an edge of some knob's values, score that setting
-    with each such knob moved :func:`next_value` past its edge (where ``allows(knob,
-    value)``) and choose again over everything scored.
+    with each such knob moved :func:`next_value` past its edge (by ``ratios[knob]`` where
+    given, else the grid's own spacing; where ``allows(knob, value)``) and choose again
+    over everything scored.
 
     ``score`` maps a list of settings to one result per setting (:func:`choose` reads
     them); it is the only thing that trains, so a planted optimum can be found without
@@ -503,7 +535,7 @@ def widen(grid: Mapping[str, Sequence[float]], score, allows,
         index = choose(search.results, statistic)
         added = []
         for knob, end in search.edges(index).items():
-            value = next_value(search.values(knob), end)
+            value = next_value(search.values(knob), end, (ratios or {}).get(knob))
             if allows(knob, value):
                 added.append({**search.settings[index], knob: value})
         if not added:
@@ -585,7 +617,8 @@ def _search_of(record: Mapping[str, Any]) -> Search:
 
 
 def _search_record(base: dict[str, Any], search: Search, tune_by: str, seeds: int,
-                   cap: int, allows, timing: Mapping[str, float]) -> dict[str, Any]:
+                   cap: int, allows, timing: Mapping[str, float],
+                   ratios: Mapping[str, float] | None = None) -> dict[str, Any]:
     grid: dict[str, list[float]] = {}
     for setting in search.settings:
         for knob, value in setting.items():
@@ -595,7 +628,8 @@ def _search_record(base: dict[str, Any], search: Search, tune_by: str, seeds: in
     chosen = dict(search.results[index].setting)
     edges = search.edges(index)
     out_of_range = {knob: end for knob, end in edges.items()
-                    if not allows(knob, next_value(search.values(knob), end))}
+                    if not allows(knob, next_value(search.values(knob), end,
+                                                   (ratios or {}).get(knob)))}
     count = len(search.settings)
     record = {
         **base, "grid": grid,
@@ -611,7 +645,8 @@ def _search_record(base: dict[str, Any], search: Search, tune_by: str, seeds: in
                      "rounds": sum(entry["reason"] == "widen" for entry in search.rounds),
                      "capped": {knob: end for knob, end in edges.items()
                                 if knob not in out_of_range},
-                     "out_of_range": out_of_range},
+                     "out_of_range": out_of_range,
+                     "ratios": dict(ratios or {})},
         "compile_seconds": round(timing["compile_seconds"], 2),
         "train_seconds": round(timing["train_seconds"], 2),
     }
