@@ -307,6 +307,9 @@ START_TUNED = Column("its start", "start", True)
 MINIGRID = ("Empty-5x5", "Empty-8x8", "EmptyRandom-5x5", "EmptyRandom-8x8", "Empty-6x6",
             "EmptyRandom-6x6")
 BLOG = "value_distance_blog_cpu/evaluations/"
+#: the CPU-sized searches judged again on fresh held-out seeds with widening grids
+VD_FRESH = "value_distance_seeds/compare_fresh/comparison.json"
+LPO_FRESH = "lpo_cpu_seeds/compare_fresh/comparison.json"
 _ENGINES = "engines/cartpole_evaluations.json"
 
 
@@ -329,6 +332,8 @@ BLOCKS: dict[str, Block] = {
             "CartPole-v1", (_ev(BLOG + "3.json"),)),
         Row("3 evolution seeds × 12 generations × 8 × 2, 65,536 steps", "PPO, CartPole-v1",
             "CartPole-v1", (_pooled("value_distance_seeds/compare_iqm/comparison.json"),)),
+        Row("the same, fresh held-out seeds, grids widening themselves", "PPO, CartPole-v1",
+            "CartPole-v1", (_pooled(VD_FRESH),)),
         Row("the same, started from L2's tuned setting, 3 × 30 generations",
             "PPO, CartPole-v1", "CartPole-v1",
             (Source("replicated", "value_distance_from_tuned_l2/full/evaluations/1.json"),)),
@@ -349,6 +354,8 @@ BLOCKS: dict[str, Block] = {
             "CartPole-v1", (_pooled("lpo_cpu_seeds/compare_cartpole_iqm/comparison.json"),)),
         Row("LPO, 3 evolution seeds × 20 generations × 8 × 2 × 2 tasks", "Acrobot-v1",
             "Acrobot-v1", (_pooled("lpo_cpu_seeds/compare_acrobot_iqm/comparison.json"),)),
+        *(Row("the same, fresh held-out seeds, grids widening themselves", env, env,
+              (_pooled(LPO_FRESH),)) for env in ("CartPole-v1", "Acrobot-v1")),
         *(Row(f"LPO seed {seed} alone", env, env, (_ev(f"{run}/evaluations/{number}.json"),))
           for seed, run in enumerate(("lpo_cpu", "lpo_cpu_seeds/lpo_s1",
                                       "lpo_cpu_seeds/lpo_s2"))
@@ -358,6 +365,8 @@ BLOCKS: dict[str, Block] = {
             (_ev("ta_lpo_cpu/evaluations/6.json"),)),
         Row("TA-LPO, 1 × 20 × 8 × 2 × 2", "Acrobot-v1", "Acrobot-v1",
             (_ev("ta_lpo_cpu/evaluations/5.json"),)),
+        *(Row("TA-LPO, fresh held-out seeds, grids widening themselves", env, env,
+              (_ev("ta_lpo_cpu/evaluations/7.json"),)) for env in ("CartPole-v1", "Acrobot-v1")),
         Row("LPO seed 0 against TA-LPO", "CartPole-v1", "CartPole-v1",
             (_pooled("lpo_vs_ta_lpo/comparison.json", "ta_lpo_cpu", "ta_lpo"),)),
         Row("LPO seed 0 against TA-LPO", "Acrobot-v1", "Acrobot-v1",
@@ -374,6 +383,9 @@ BLOCKS: dict[str, Block] = {
                 (_ev("learned_optimizer_cpu/evaluations/1.json"),), "†"),
             Row("`learned_optimizer_cpu.toml`", "Acrobot-v1", "Acrobot-v1",
                 (_ev("learned_optimizer_cpu/evaluations/3.json"),)),
+            *(Row("the same, fresh held-out seeds, grids widening themselves", env, env,
+                  (_ev("learned_optimizer_cpu/evaluations/5.json"),))
+              for env in ("CartPole-v1", "Acrobot-v1")),
             Row("`learned_optimizer_cpu.toml`", "Catch-bsuite (never seen)", "Catch-bsuite",
                 (_ev("learned_optimizer_cpu/evaluations/4.json"),), "†"),
             Row("`learned_optimizer_cpu.toml`", "Breakout-MinAtar (never seen)",
@@ -443,30 +455,38 @@ _VALUE_START = (("L2", "l2"), ("its start", "start"))
 _BLOG_SETTLED = Row("value distance, the blog's settings (5e5 steps), fresh seeds, widening grids",
                     "PPO, CartPole-v1", "CartPole-v1", (_ev(BLOG + "3.json"),),
                     against=_VALUE_START)
-#: the blog-sized run's first two evaluations, superseded by the settled one: the front
-#: page leaves them out, the home page keeps them beside it
-_BLOG_EARLIER = (
-    Row("the same, first evaluation (superseded)", "PPO, CartPole-v1", "CartPole-v1",
+#: verdicts superseded by a judgement on fresh held-out seeds with grids widening themselves:
+#: the front page leaves them out, the home page keeps them after the current ones
+_SUPERSEDED = (
+    Row("value distance, the blog's settings, first evaluation (superseded)",
+        "PPO, CartPole-v1", "CartPole-v1",
         (_ev(BLOG + "1.json"),), against=_VALUE_START),
-    Row("the same, L2 over a hand-widened grid (superseded)", "PPO, CartPole-v1",
+    Row("value distance, the blog's settings, L2 over a hand-widened grid (superseded)",
+        "PPO, CartPole-v1",
         "CartPole-v1", (_ev(BLOG + "2.json"),), against=(("L2", "l2"),)),
+    Row("value distance, 3 evolution seeds (65,536 steps), seeds seen before (superseded)",
+        "PPO, CartPole-v1", "CartPole-v1",
+        (_pooled("value_distance_seeds/compare_iqm/comparison.json"),),
+        against=(("L2", "l2"),)),
+    Row("LPO drift, 3 evolution seeds, seeds seen before (superseded)", "CartPole-v1",
+        "CartPole-v1", (_pooled("lpo_cpu_seeds/compare_cartpole_iqm/comparison.json"),),
+        against=(("PPO", "ppo"),)),
+    Row("LPO drift, 3 evolution seeds, seeds seen before (superseded)", "Acrobot-v1",
+        "Acrobot-v1", (_pooled("lpo_cpu_seeds/compare_acrobot_iqm/comparison.json"),),
+        against=(("PPO", "ppo"),)),
 )
 _FOUND_ROWS = (
-    Row("value distance, 3 evolution seeds (65,536 steps)", "PPO, CartPole-v1",
-        "CartPole-v1", (_pooled("value_distance_seeds/compare_iqm/comparison.json"),),
-        against=(("L2", "l2"),)),
+    Row("value distance, 3 evolution seeds (65,536 steps), fresh seeds, widening grids",
+        "PPO, CartPole-v1", "CartPole-v1", (_pooled(VD_FRESH),), against=(("L2", "l2"),)),
     Row("value distance by evolution, 3 meta-seeds (65,536 steps)", "PPO, CartPole-v1", "",
         (Source("engines", _ENGINES, "cartpole_value", "evolution"),),
         against=_VALUE_START),
     Row("value distance by meta-gradients, 3 meta-seeds", "PPO, CartPole-v1", "",
         (Source("engines", _ENGINES, "cartpole_value", "metagradient"),),
         against=_VALUE_START),
-    Row("LPO drift, 3 evolution seeds", "CartPole-v1", "CartPole-v1",
-        (_pooled("lpo_cpu_seeds/compare_cartpole_iqm/comparison.json"),),
-        against=(("PPO", "ppo"),)),
-    Row("LPO drift, 3 evolution seeds", "Acrobot-v1", "Acrobot-v1",
-        (_pooled("lpo_cpu_seeds/compare_acrobot_iqm/comparison.json"),),
-        against=(("PPO", "ppo"),)),
+    *(Row("LPO drift, 3 evolution seeds, fresh seeds, widening grids", env, env,
+          (_pooled(LPO_FRESH),), against=(("PPO", "ppo"),))
+      for env in ("CartPole-v1", "Acrobot-v1")),
     Row("LPO drift by evolution, 3 meta-seeds", "CartPole-v1", "",
         (Source("engines", _ENGINES, "cartpole_drift", "evolution"),),
         against=(("PPO", "ppo"), ("its start", "start"))),
@@ -495,7 +515,7 @@ def render_found(block: Block) -> str:
 
 FOUND: dict[str, Block] = {
     "found_readme": Block("README.md", (), (_BLOG_SETTLED, *_FOUND_ROWS)),
-    "found_index": Block("docs/index.md", (), (_BLOG_SETTLED, *_BLOG_EARLIER, *_FOUND_ROWS)),
+    "found_index": Block("docs/index.md", (), (_BLOG_SETTLED, *_FOUND_ROWS, *_SUPERSEDED)),
 }
 
 
