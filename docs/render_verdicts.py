@@ -723,11 +723,16 @@ _MEASURES = {"mean_over_training": "mean return over training (learning speed)",
              "final_tenth": "last tenth of training (final performance)"}
 
 
-def _setting(setting: dict, relative_to: dict) -> str:
-    """``knob value`` pairs, a relative knob also as its multiple of the run's own value."""
-    return ", ".join(f"{knob} {value:.3g}" + (f" ({value / relative_to[knob]:.3g}×)"
-                                              if knob in relative_to else "")
-                     for knob, value in setting.items())
+def _setting(setting: dict, relative_to: dict, declared: bool = False) -> str:
+    """``knob value`` pairs, a relative knob also as its multiple of the run's own value
+    (``declared``: the values are those multiples already, as a tuning round keeps them)."""
+    def one(knob: str, value: float) -> str:
+        if knob not in relative_to:
+            return f"{knob} {value:.3g}"
+        if declared:
+            return f"{knob} {value:.3g}×"
+        return f"{knob} {value:.3g} ({value / relative_to[knob]:.3g}×)"
+    return ", ".join(one(knob, value) for knob, value in setting.items())
 
 
 def _choice(tuning: dict | None) -> str:
@@ -748,9 +753,8 @@ def _widened(tuning: dict | None) -> str:
     knob's grid is kept as multiples of the run's own value)."""
     points = (tuning or {}).get("widened") or []
     relative = (tuning or {}).get("relative_to") or {}
-    return "; ".join(", ".join(f"{knob} {value:.3g}" + ("×" if knob in relative else "")
-                               for knob, value in p["setting"].items())
-                     + f": {p['score']:.1f}" for p in points) or "—"
+    return "; ".join(f"{_setting(p['setting'], relative, declared=True)}: {p['score']:.1f}"
+                     for p in points) or "—"
 
 
 def render_blog_claim(page: str) -> str:

@@ -45,8 +45,9 @@ and is then trained on the held-out seeds at the setting that scored best.
   is filled finely between the baselines' values, and widening by its own small ratio
   (x1.25 for 12 learning rates over ⅓x to 3x) stops at the first noisy dip, short of
   where the baselines' x3 steps reach, so such a knob widens by the largest ratio
-  between neighbouring values any baseline declares for it (``Knob.widen_ratio``). A step that leaves the knob's valid range (``Tunable.low``/``high``, or a value
-  the algorithm refuses) is not taken: that knob is at the edge of its range. Rounds end
+  between neighbouring values any baseline declares for it (``Knob.widen_ratio``). A step
+  that leaves the knob's valid range (``Tunable.low``/``high``, or a value the algorithm
+  refuses) is not taken: that knob is at the edge of its range. Rounds end
   when every choice is inside its values or after ``rounds`` widening rounds; the record
   then names the knobs still at an edge (``widening.capped``, ``widening.out_of_range``)
   and the printed summary says so.
@@ -360,8 +361,8 @@ def evolved_plan(name: str, baselines: Sequence[TuningPlan]) -> TuningPlan:
 def _coarsest_ratio(grids) -> float | None:
     """The largest ratio between neighbouring values of any of ``grids`` (each ascending
     positive values); ``None`` where no grid has two positive values."""
-    ratios = [high / low for values in grids for low, high in zip(values, values[1:])
-              if low > 0 and high > 0]
+    ratios = [high / low for values in grids
+              for low, high in zip(values, values[1:], strict=False) if low > 0 and high > 0]
     return max(ratios) if ratios else None
 
 
