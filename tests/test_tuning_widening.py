@@ -280,8 +280,9 @@ def test_the_command_line_passes_the_cap_and_finds_the_same_evaluation(widened, 
 
 
 def test_widening_rounds_and_balancing_reuse_one_compiled_sweep(compilations):
-    """Compilation dominates on a CPU: every round of one objective's search, and its
-    balancing, runs the program compiled for the declared grid (padded to its size)."""
+    """Where training is short, compilation dominates: every round of one objective's
+    search, and its balancing, runs the program compiled for the declared grid (padded to
+    its size)."""
     from inner_loops import PPOConfig
     from metarl.evolve.config import FitnessConfig
     from metarl.evolve.tuning import balance_objective, objective_plan, tune_objective
@@ -301,3 +302,20 @@ def test_widening_rounds_and_balancing_reuse_one_compiled_sweep(compilations):
     assert record["widening"]["rounds"] >= 1  # two values: the choice is at an edge
     assert balanced["budget"]["settings"] == record["budget"]["settings"] + 1
     assert sweeps() - before == 1
+
+
+def test_padding_reuses_a_compiled_size_only_while_its_extra_training_is_small():
+    """A 1-setting round of a long training (the blog's 5e5 steps x 8 seeds) compiles its
+    own program instead of training eleven repeats; a short one reuses the compiled grid."""
+    from metarl.evolve.tuning import padded_size
+
+    compiled = {12 * 8, 4 * 8}  # member counts: a 12-setting and a 4-setting program
+    assert padded_size(1, 8, 500_000, compiled) == 1
+    assert padded_size(3, 8, 500_000, compiled) == 4  # one extra setting: 4e6 agent-steps
+    assert padded_size(3, 8, 500_001, compiled) == 3
+    assert padded_size(1, 8, 192, compiled) == 4  # the smallest size that holds them
+    assert padded_size(5, 8, 192, compiled) == 12
+    assert padded_size(13, 8, 192, compiled) == 13  # larger than any compiled program
+    assert padded_size(2, 8, 192, set()) == 2
+    assert padded_size(1, 5, 192, compiled) == 1  # no size divides into 5-seed settings
+    assert padded_size(1, 8, 10, compiled, budget=0) == 1

@@ -663,20 +663,21 @@ def _scorer(plan: TuningPlan, objective, inner, fitness, seeds: int, tune_seed: 
     learner = build_learner(inner, objective)
     knobs = {knob.name: knob for knob in plan.knobs}
     options = tuple(knob.name for knob in plan.knobs if knob.option)
-    # Compilation dominates on a CPU (a sweep compiles in seconds and trains in less), so
-    # every call is padded, with repeats of its first setting, to at least the declared
-    # grid's size and runs the program compiled for its size (kept for the process): the
-    # widening rounds and the balancing, which add fewer settings than the declared grid,
-    # compile nothing new. The padding depends only on the plan, so results do too.
+    # A widening round or the balancing adds fewer settings than the declared grid. Where
+    # training is short, compiling a program for that size costs more than training repeats
+    # of its first setting in a program already compiled, so such a call is padded up to
+    # the smallest compiled size whose extra members train at most PAD_AGENT_STEPS; a long
+    # training (the blog's 5e5 steps) gets a program of its own size instead. Which sizes
+    # exist follows from the plan and the order of the calls, so results do too.
     programs: dict[int, Any] = shared_program(
         ("tuning sweep", objective, inner, fitness.metric, fitness.final_fraction, seeds,
          chunk_size, mesh), dict)
-    largest = [plan.settings]
 
     def score(declared: list[dict[str, float]]):
         settings = [{knob: knobs[knob].trained_value(value) for knob, value in setting.items()}
                     for setting in declared]
-        padded = settings + [settings[0]] * (largest[0] - len(settings))
+        size = padded_size(len(settings), seeds, learner.steps_per_agent, programs)
+        padded = settings + [settings[0]] * (size - len(settings))
         hypers = stack_hyperparams([
             learner.default_hypers._replace(**{k: jnp.float32(v) for k, v in setting.items()
                                                if k not in options})
@@ -698,6 +699,24 @@ def _scorer(plan: TuningPlan, objective, inner, fitness, seeds: int, tune_seed: 
                                                                    "valid")}})
 
     return score
+
+
+#: The most agent-steps of padding a tuning call trains to reuse a compiled program rather
+#: than compile one of its own size (about the agent-steps a CPU core trains in the time a
+#: sweep program takes to compile).
+PAD_AGENT_STEPS = 4_000_000
+
+
+def padded_size(settings: int, seeds: int, steps_per_agent: int, compiled_members,
+                budget: int = PAD_AGENT_STEPS) -> int:
+    """How many settings a tuning call of ``settings`` x ``seeds`` members trains: the
+    smallest size whose program is compiled (``compiled_members``, member counts) and holds
+    them with at most ``budget`` agent-steps of padding (each member trains
+    ``steps_per_agent``), else ``settings`` itself (a program of its own size)."""
+    fits = [members // seeds for members in compiled_members
+            if members % seeds == 0 and members // seeds >= settings
+            and (members // seeds - settings) * seeds * steps_per_agent <= budget]
+    return min(fits, default=settings)
 
 
 def _allows(plan: TuningPlan, inner, objective):
