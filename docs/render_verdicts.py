@@ -328,8 +328,10 @@ BLOCKS: dict[str, Block] = {
             "CartPole-v1", (_ev(BLOG + "1.json"),)),
         Row("the same, L2 over a wider grid", "PPO, CartPole-v1", "CartPole-v1",
             (_ev(BLOG + "2.json"),)),
-        Row("the same, fresh held-out seeds, grids widening themselves", "PPO, CartPole-v1",
-            "CartPole-v1", (_ev(BLOG + "3.json"),)),
+        Row("the same, fresh held-out seeds, grids widening themselves (its learning rate in "
+            "×1.25 steps)", "PPO, CartPole-v1", "CartPole-v1", (_ev(BLOG + "3.json"),)),
+        Row("the same, fresh held-out seeds again, its learning rate widened in the "
+            "baselines' ×3 steps", "PPO, CartPole-v1", "CartPole-v1", (_ev(BLOG + "4.json"),)),
         Row("3 evolution seeds × 12 generations × 8 × 2, 65,536 steps", "PPO, CartPole-v1",
             "CartPole-v1", (_pooled("value_distance_seeds/compare_iqm/comparison.json"),)),
         Row("the same, fresh held-out seeds, grids widening themselves", "PPO, CartPole-v1",
@@ -453,11 +455,14 @@ BLOCKS: dict[str, Block] = {
 #: named baseline: tuned over its own grid), in one cell per row.
 _VALUE_START = (("L2", "l2"), ("its start", "start"))
 _BLOG_SETTLED = Row("value distance, the blog's settings (5e5 steps), fresh seeds, widening grids",
-                    "PPO, CartPole-v1", "CartPole-v1", (_ev(BLOG + "3.json"),),
+                    "PPO, CartPole-v1", "CartPole-v1", (_ev(BLOG + "4.json"),),
                     against=_VALUE_START)
 #: verdicts superseded by a judgement on fresh held-out seeds with grids widening themselves:
 #: the front page leaves them out, the home page keeps them after the current ones
 _SUPERSEDED = (
+    Row("value distance, the blog's settings, its learning rate widened in ×1.25 steps "
+        "(superseded)", "PPO, CartPole-v1", "CartPole-v1", (_ev(BLOG + "3.json"),),
+        against=_VALUE_START),
     Row("value distance, the blog's settings, first evaluation (superseded)",
         "PPO, CartPole-v1", "CartPole-v1",
         (_ev(BLOG + "1.json"),), against=_VALUE_START),

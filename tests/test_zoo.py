@@ -55,8 +55,8 @@ def test_metarl_zoo_lists_one_line_per_entry(capsys):
     assert [line.split(":")[0] for line in lines] == zoo.names()
     blog = lines[0]
     assert blog.startswith("value_distance_blog: value_distance, found on CartPole-v1; ")
-    # its latest tuned comparison with L2: evaluations/3.json, fresh seeds, widening grids
-    assert "vs l2 (tuned) on CartPole-v1: worse (P 0.11 [0.03, 0.19])" in blog
+    # its latest tuned comparison with L2: evaluations/4.json, fresh seeds, widening grids
+    assert "vs l2 (tuned) on CartPole-v1: worse (P 0.17 [0.08, 0.27])" in blog
 
 
 def test_a_discovery_without_a_tuned_verdict_says_so():
