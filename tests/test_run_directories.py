@@ -664,3 +664,29 @@ def test_a_restored_state_is_placed_as_a_fresh_one(tmp_path):
     step(fresh)
     step(restored)
     assert step._cache_size() == 1  # one program for both
+
+
+def test_a_half_save_written_to_after_its_removal_is_removed_again(tmp_path):
+    """On a loaded machine a failed save's writer thread can create files after the first
+    removal; the half-written directory must be gone when the removal returns."""
+    import threading
+
+    from metarl.runs.checkpoint import TMP_MARKER
+
+    checkpointer = RunCheckpointer(tmp_path / "run")
+    half = checkpointer.directory / f"3.{TMP_MARKER}"
+    other = checkpointer.directory / f"2.{TMP_MARKER}"  # another step's: not this save's
+    other.mkdir(parents=True)
+
+    def late_writer():  # recreates the half save for 0.3 s, as a lagging writer would
+        end = time.monotonic() + 0.3
+        while time.monotonic() < end:
+            (half / "state").mkdir(parents=True, exist_ok=True)
+            time.sleep(0.02)
+
+    writer = threading.Thread(target=late_writer)
+    writer.start()
+    time.sleep(0.05)
+    checkpointer._remove_partial_save(3)
+    writer.join()  # what it wrote after the removal returned would still be there
+    assert not half.exists() and other.exists()

@@ -48,7 +48,12 @@ from metarl.runs.layout import (
 )
 
 TMP_MARKER = "orbax-checkpoint-tmp"
-PARTIAL_SAVE_REMOVAL_ATTEMPTS = 5
+# A failed save's writer threads can go on creating files for a while on a loaded machine:
+# its half-written directory counts as gone once it has stayed absent this many checks in a
+# row, PARTIAL_SAVE_POLL_SECONDS apart, or when PARTIAL_SAVE_DEADLINE_SECONDS have passed.
+PARTIAL_SAVE_QUIET_CHECKS = 3
+PARTIAL_SAVE_POLL_SECONDS = 0.1
+PARTIAL_SAVE_DEADLINE_SECONDS = 10.0
 
 
 class DamagedCheckpoint(Exception):
@@ -242,15 +247,16 @@ class RunCheckpointer:
                 self.manager.wait_until_finished()
         except Exception:  # noqa: BLE001 - the failed save's own error, reported by save()
             pass
-        for attempt in range(PARTIAL_SAVE_REMOVAL_ATTEMPTS):
+        deadline = time.monotonic() + PARTIAL_SAVE_DEADLINE_SECONDS
+        quiet = 0
+        while quiet < PARTIAL_SAVE_QUIET_CHECKS and time.monotonic() < deadline:
             leftover = [path for path in self.incomplete()
                         if path.name.split(".")[0] == str(step)]
-            if not leftover:
-                return
-            if attempt:  # a file written while the tree was removed: try again shortly
-                time.sleep(0.05 * attempt)
+            quiet = 0 if leftover else quiet + 1
             for path in leftover:
                 shutil.rmtree(path, ignore_errors=True)
+            if quiet < PARTIAL_SAVE_QUIET_CHECKS:
+                time.sleep(PARTIAL_SAVE_POLL_SECONDS)
 
     # ---- reading back
 
