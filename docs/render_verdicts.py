@@ -678,8 +678,29 @@ def render_classic_calibration(page: str) -> str:
     return "\n".join(lines)
 
 
-#: cross-environment verdicts: (discovery as the page names it, record)
-SUITE_VERDICTS = (("value distance, the blog's settings", "suite_evaluation.json"),)
+#: cross-environment verdicts: (discovery as the page names it, record, and the discovery
+#: within a record of several, from benchmarks/studies/discoveries_on_suite.py)
+SUITE_VERDICTS = (
+    ("value distance, the blog's settings", "suite_evaluation.json", None),
+    ("LPO, CPU-sized", "suites/discoveries_on_classic.json", "zoo:lpo_cpu"),
+    ("TA-LPO, CPU-sized", "suites/discoveries_on_classic.json", "zoo:ta_lpo_cpu"),
+    ("MiniGrid drift", "suites/discoveries_on_classic.json", "zoo:minigrid_drift"),
+    ("learned optimiser, CPU-sized", "suites/discoveries_on_classic.json",
+     "zoo:learned_optimizer_cpu"),
+)
+
+
+def _suite_judgement(path: str, discovery: str | None) -> dict | None:
+    """The per-environment and pooled rows of one discovery's suite evaluation: the
+    benchmark's first (empty-store) evaluation, or one discovery's of the study; None
+    while the record does not hold it."""
+    if not (RESULTS / path).is_file():
+        return None
+    record = json.loads((RESULTS / path).read_text(encoding="utf-8"))
+    if discovery is None:
+        return record["empty_store"]
+    return next((judged for judged in record["discoveries"]
+                 if judged["discovery"] == discovery), None)
 
 
 def render_suite_verdicts(page: str) -> str:
@@ -694,10 +715,10 @@ def render_suite_verdicts(page: str) -> str:
             return "—"
         return f"{estimate['value']:.3g} [{estimate['low']:.3g}, {estimate['high']:.3g}]"
 
-    for label, path in SUITE_VERDICTS:
-        if not (RESULTS / path).is_file():
+    for label, path, discovery in SUITE_VERDICTS:
+        record = _suite_judgement(path, discovery)
+        if record is None:
             continue
-        record = json.loads((RESULTS / path).read_text(encoding="utf-8"))["empty_store"]
         first = True
         for row in record["environments"]:
             p = row["probability_of_improvement"]
