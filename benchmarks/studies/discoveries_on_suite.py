@@ -70,14 +70,17 @@ def judge(name: str, run_dir: Path, store: Path, suite: str, flags: list[str],
     seconds = round(time.perf_counter() - started, 1)
     if done.returncode != 0:
         raise failed(done)
-    paths = [m.group(1) for line in done.stdout.splitlines() if (m := RECORD_LINE.match(line))]
+    lines = [line for line in done.stdout.splitlines() if RECORD_LINE.match(line)]
+    paths = [RECORD_LINE.match(line).group(1) for line in lines]
     if len(paths) != 1:
         raise RuntimeError(f"no record path in the output of zoo:{name}'s evaluation:\n"
                            f"{done.stdout[-3000:]}")
     record = json.loads(Path(paths[0]).read_text())
     section = record["suite"]
     store_line = [line for line in done.stdout.splitlines() if line.startswith("training store")]
-    return {"discovery": f"zoo:{name}", "seconds": seconds, "record": paths[0],
+    # an evaluation made before is reused, not trained again: its seconds are not its cost
+    return {"discovery": f"zoo:{name}", "seconds": seconds,
+            "reused_earlier_evaluation": lines[0].startswith("reusing"), "record": paths[0],
             "eval_seed": record["eval_seed"], "seeds": record["seeds"],
             "store": store_line[-1] if store_line else None,
             "trained_on": section["trained_on"], "pooled_over": section["pooled_over"],
