@@ -51,13 +51,15 @@ class Cell:
     high: float
     verdict: str
     runs: tuple[str, ...] = ()
-    edge: bool = False  # a tuned choice of either side lay at the edge of its final grid
+    # a tuned choice of either side lay at the edge of its final grid: "grid" (which was not
+    # widened past it) or "range" (the edge of the knob's valid range, where it cannot widen)
+    edge: str = ""
 
     def text(self) -> str:
         pooled = ""
         if self.runs:
             pooled = f" ({sum(v == self.verdict for v in self.runs)} of {len(self.runs)})"
-        edge = f" {EDGE_MARK}" if self.edge else ""
+        edge = {"": "", "grid": f" {EDGE_MARK}", "range": f" {RANGE_MARK}"}[self.edge]
         return f"{self.p:.2f} [{self.low:.2f}, {self.high:.2f}]: {self.verdict}{pooled}{edge}"
 
 
@@ -101,14 +103,19 @@ def _eval_seeds(record: dict, path: str = "") -> str:
 REUSED_NOTE = ("*reused*: an earlier evaluation of the same run drew its held-out seeds from "
                "this root, so the verdict was made on seeds seen before.")
 EDGE_MARK = "‡"
-EDGE_NOTE = (f"{EDGE_MARK}: a tuned choice of either side lay at the edge of its grid, which "
-             "was not widened past it; a wider grid could change the verdict.")
+EDGE_NOTE = (f"{EDGE_MARK}: a tuned choice of either side lay at the edge of its final grid "
+             "(one not widened, or still at its edge after the cap of widening rounds); a "
+             "wider grid could change the verdict.")
+RANGE_MARK = "§"
+RANGE_NOTE = (f"{RANGE_MARK}: a tuned choice lay at the end of its knob's valid range (PPO's "
+              "clip ε at 0.8, whose next step would pass 1), where its grid cannot widen.")
 
 
 def _with_notes(lines: list[str]) -> str:
     """The table, and below it what *reused* and the edge mark mean when a row has them."""
     table = "\n".join(lines)
-    notes = [note for mark, note in ((" reused)", REUSED_NOTE), (EDGE_MARK, EDGE_NOTE))
+    notes = [note for mark, note in ((" reused)", REUSED_NOTE), (EDGE_MARK, EDGE_NOTE),
+                                     (RANGE_MARK, RANGE_NOTE))
              if mark in table]
     return "\n\n".join([table, " ".join(notes)]) if notes else table
 
@@ -124,6 +131,19 @@ def _reused(record: dict, path: str) -> bool:
                == record["eval_seed"]
                for other in file.parent.glob("*.json")
                if other.stem.isdigit() and int(other.stem) < int(file.stem))
+
+
+def _edge(tuning: dict, names: tuple[str, ...]) -> str:
+    """How the tuned choices of ``names`` sit in their grids: ``"grid"`` if one lies at an
+    edge the grid was not widened past, else ``"range"`` if one lies at the end of its
+    knob's valid range (``widening.out_of_range``), else ``""``."""
+    kinds = set()
+    for name in names:
+        search = tuning.get(name, {})
+        beyond = (search.get("widening") or {}).get("out_of_range", {})
+        kinds |= {"range" if beyond.get(knob) == end else "grid"
+                  for knob, end in (search.get("at_edge") or {}).items() if end}
+    return "grid" if "grid" in kinds else ("range" if kinds else "")
 
 
 def _name(objective: str) -> tuple[str, bool]:
@@ -142,10 +162,10 @@ def cells(source: Source, env: str) -> tuple[dict[tuple[str, bool], Cell | Text]
         for c in record["statistics"]["environments"][env]["comparisons"]:
             evolved, baseline = _name(c["evolved"]), _name(c["baseline"])
             if evolved[0] == "evolved":
-                edge = evolved[1] and baseline[1] and any(
-                    tuning.get(name, {}).get("at_edge") for name in (evolved[0], baseline[0]))
+                edge = _edge(tuning, (evolved[0], baseline[0])) if evolved[1] and baseline[1] \
+                    else ""
                 found[baseline] = Cell(c["probability_of_improvement"], c["low"], c["high"],
-                                       c["verdict"], edge=bool(edge))
+                                       c["verdict"], edge=edge)
         return found, _eval_seeds(record, source.path)
     if source.kind == "replicated":
         for c in record["pooled"]:
@@ -313,8 +333,10 @@ LPO_FRESH = "lpo_cpu_seeds/compare_fresh/comparison.json"
 _ENGINES = "engines/cartpole_evaluations.json"
 
 
-def _minigrid(search: str, run: str, start: str = "") -> tuple[Row, ...]:
-    sources = [_ev(f"{run}/evaluations/1.json")]
+def _minigrid(search: str, run: str, start: str = "", evaluation: int = 1) -> tuple[Row, ...]:
+    """A search's six MiniGrid rows: evaluation 1 (its start from a run of its own, pooled
+    by ``metarl compare``), or a later ``evaluation`` made with ``--start``."""
+    sources = [_ev(f"{run}/evaluations/{evaluation}.json")]
     if start:
         sources.append(_pooled(f"{run}/compare/comparison.json", against=start))
     return tuple(Row(search, layout + (" (held out)" if "6x6" in layout else ""),
@@ -400,10 +422,16 @@ BLOCKS: dict[str, Block] = {
         "docs/evidence/task-distributions.md",
         (*POLICY, Column("its start", "start", False), START_TUNED), (
             *_minigrid("from PPO's clip, lr 3e-3", "task_distribution_minigrid"),
+            *_minigrid("the same, fresh held-out seeds, grids widening themselves",
+                       "task_distribution_minigrid", evaluation=2),
             *_minigrid("from zero drift, lr 3e-3", "task_distribution_zero_init",
                        "task_distribution_zero_init_start"),
+            *_minigrid("the same, fresh held-out seeds, grids widening themselves",
+                       "task_distribution_zero_init", evaluation=2),
             *_minigrid("from zero drift, lr 9e-3", "task_distribution_zero_init_lr9",
                        "task_distribution_zero_init_lr9_start"),
+            *_minigrid("the same, fresh held-out seeds, grids widening themselves",
+                       "task_distribution_zero_init_lr9", evaluation=2),
         )),
     "distillation": Block(
         "docs/evidence/distillation.md",
