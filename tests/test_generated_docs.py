@@ -59,6 +59,26 @@ def test_a_cell_reads_the_record_and_a_changed_page_is_caught(render):
         render.apply("no markers", name, "table")
 
 
+def test_a_choice_at_its_knobs_valid_range_is_marked_apart_from_an_unwidened_grid(render):
+    # the MiniGrid drift from zero at 9e-3, fresh seeds: on EmptyRandom-6x6 tuned PPO chose
+    # clip 0.8, whose next step (1.6) leaves the valid range, and nothing else lay at an edge
+    found, _ = render.cells(
+        render.Source("evaluation", "task_distribution_zero_init_lr9/evaluations/2.json"),
+        "xminigrid/MiniGrid-EmptyRandom-6x6")
+    assert found[("ppo", True)].text() == "0.44 [0.19, 0.69]: no difference found §"
+    assert found[("dpo", True)].text() == "0.38 [0.19, 0.62]: no difference found"
+    capped = {"at_edge": {"alpha": "lowest"}, "widening": {"capped": {"alpha": "lowest"},
+                                                            "out_of_range": {}}}
+    in_range = {"at_edge": {"clip_eps": "highest"},
+                "widening": {"capped": {}, "out_of_range": {"clip_eps": "highest"}}}
+    never_widened = {"at_edge": {"learning_rate": "highest"}}  # records before widening
+    tuning = {"a": capped, "b": in_range, "c": never_widened, "d": {"at_edge": {}}}
+    assert render._edge(tuning, ("d", "b")) == "range"
+    assert render._edge(tuning, ("b", "a")) == "grid"  # a grid edge outweighs a range end
+    assert render._edge(tuning, ("c", "d")) == "grid"
+    assert render._edge(tuning, ("d", "missing")) == ""
+
+
 def test_a_reused_held_out_root_is_marked(render):
     record = {"seeds": 16, "eval_seed": 10007, "eval_seed_reused": True}
     assert render._eval_seeds(record) == "16 (root 10007 reused)"
