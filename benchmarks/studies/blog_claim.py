@@ -19,6 +19,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+from multi_env_transfer import emit  # this folder, on the path when run as a script
 
 from metarl.evolve.evaluate import held_out_scores
 from metarl.evolve.judging import comparison_pairs
@@ -78,10 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     result = {"record": args.record, "command": "python benchmarks/studies/blog_claim.py "
               f"{args.record}" + (f" --out {args.out}" if args.out else ""),
               **judge_record(record)}
-    text = json.dumps(result, indent=1)
-    print(text)
-    if args.out:
-        Path(args.out).write_text(text + "\n")
+    emit(result, args.out)
     return 0
 
 

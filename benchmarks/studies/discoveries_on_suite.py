@@ -36,7 +36,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -47,7 +46,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT / "benchmarks" / "studies"))
-from multi_env_transfer import RECORD_LINE, failed, revision  # noqa: E402
+from multi_env_transfer import RECORD_LINE, command_line, conditions, emit, failed  # noqa: E402
 from suite_evaluation import SMOKE, SMOKE_SUITE  # noqa: E402
 
 DISCOVERIES = ("lpo_cpu", "ta_lpo_cpu", "minigrid_drift", "learned_optimizer_cpu")
@@ -126,20 +125,11 @@ def main(argv: list[str] | None = None) -> int:
     result = {
         "study": "discoveries_on_suite", "suite": suite, "smoke": args.smoke,
         "evaluate_flags": ["--suite", suite, "--tune", *flags], "runs_dir": str(runs_dir),
-        "command": " ".join([sys.executable, *sys.argv]) if argv is None
-        else " ".join(["benchmarks/studies/discoveries_on_suite.py", *argv]),
+        "command": command_line("discoveries_on_suite.py", argv),
         "discoveries": judged,
-        "conditions": {
-            "date": date, "load_average_start": [round(x, 2) for x in load_start],
-            "load_average_end": [round(x, 2) for x in os.getloadavg()],
-            "wall_seconds": round(time.perf_counter() - started, 1),
-            "cpus": os.cpu_count(), "platform": platform.platform(),
-            "python": platform.python_version(), "revision": revision()},
+        "conditions": conditions(date, load_start, started),
     }
-    text = json.dumps(result, indent=1)
-    print(text)
-    if args.out:
-        Path(args.out).write_text(text + "\n")
+    emit(result, args.out)
     return 0
 
 

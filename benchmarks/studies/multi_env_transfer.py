@@ -186,6 +186,32 @@ def revision() -> str | None:
     return done.stdout.strip() or None
 
 
+def conditions(date: str, load_start: tuple[float, ...], started: float) -> dict:
+    """Where and how a study ran: its start date, the load average at its start and end,
+    its wall seconds since ``started`` (``time.perf_counter``), the machine and revision."""
+    return {"date": date, "load_average_start": [round(x, 2) for x in load_start],
+            "load_average_end": [round(x, 2) for x in os.getloadavg()],
+            "wall_seconds": round(time.perf_counter() - started, 1),
+            "cpus": os.cpu_count(), "platform": platform.platform(),
+            "python": platform.python_version(), "revision": revision()}
+
+
+def command_line(script: str, argv: list[str] | None) -> str:
+    """The command a study was run with: this process's, or ``script`` with ``argv`` when
+    ``main`` was called with arguments."""
+    if argv is None:
+        return " ".join([sys.executable, *sys.argv])
+    return " ".join([f"benchmarks/studies/{script}", *argv])
+
+
+def emit(result: dict, out: str | None) -> None:
+    """Print ``result`` as JSON, and write it to ``out`` when given."""
+    text = json.dumps(result, indent=1)
+    print(text)
+    if out:
+        Path(out).write_text(text + "\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--evolution-seeds", type=int, default=1,
@@ -233,21 +259,12 @@ def main(argv: list[str] | None = None) -> int:
         "experiments": {name: f"experiments/{name}.toml" for name in EXPERIMENTS},
         "overrides": sets, "evaluate_flags": ["--suite", SUITE, "--tune", *flags],
         "runs_dir": str(runs_dir),
-        "command": " ".join([sys.executable, *sys.argv]) if argv is None
-        else " ".join(["benchmarks/studies/multi_env_transfer.py", *argv]),
+        "command": command_line("multi_env_transfer.py", argv),
         "commands": log,
         "runs": runs,
-        "conditions": {
-            "date": date, "load_average_start": [round(x, 2) for x in load_start],
-            "load_average_end": [round(x, 2) for x in os.getloadavg()],
-            "wall_seconds": round(time.perf_counter() - started, 1),
-            "cpus": os.cpu_count(), "platform": platform.platform(),
-            "python": platform.python_version(), "revision": revision()},
+        "conditions": conditions(date, load_start, started),
     }
-    text = json.dumps(result, indent=1)
-    print(text)
-    if args.out:
-        Path(args.out).write_text(text + "\n")
+    emit(result, args.out)
     return 0
 
 
