@@ -26,9 +26,9 @@ end, revision). ``docs/render_verdicts.py`` renders its rows into
 that ``benchmarks/suite_evaluation.py --smoke`` uses (4 held-out seeds, one baseline, 2
 tuning seeds, one widening round), in a temporary directory: about 7 CPU-minutes, to
 check the script.
-Expected cost of the full study on the 2-core CPU, nothing else running: about 30-40 min for
-the first discovery (every environment compiles its programs), less for each further one
-(tuned PPO from the store).
+Cost on the 2-core CPU (2026-11-29, partly beside a test run): 45 min for LPO from an
+empty store and compilation cache (every environment compiles its programs), 15-29 min for
+each further drift (tuned PPO and DPO from the store).
 """
 
 from __future__ import annotations
