@@ -57,7 +57,8 @@ ZOO: tuple[ZooEntry, ...] = (
          "generation (the blog: 512 agents), 1.76e9 agent-steps against the blog's 2.62e11",
          "its latest evaluation (evaluations/4.json: fresh held-out seeds, grids widening "
          "themselves, every tuned choice inside its grid) found it ahead of L2 only where "
-         "neither is tuned (P 0.95 [0.89, 1.00]); worse than tuned L2 (0.17 [0.08, 0.27]) and than its own "
+         "neither is tuned (P 0.95 [0.89, 1.00]); worse than tuned L2 (0.17 [0.08, 0.27]) "
+         "and than its own "
          "start tuned over the learning rate in the mean return over training, no different "
          "in the last tenth, where every tuned objective reaches CartPole's 500; the two "
          "earlier 'better' verdicts against tuned L2 reused one held-out seed stream with "
