@@ -46,7 +46,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT / "benchmarks" / "studies"))
-from multi_env_transfer import RECORD_LINE, command_line, conditions, emit, failed  # noqa: E402
+from multi_env_transfer import (  # noqa: E402
+    command_line,
+    conditions,
+    emit,
+    evaluation_output,
+    failed,
+)
 from suite_evaluation import SMOKE, SMOKE_SUITE  # noqa: E402
 
 DISCOVERIES = ("lpo_cpu", "ta_lpo_cpu", "minigrid_drift", "learned_optimizer_cpu")
@@ -56,12 +62,12 @@ SMOKE_FLAGS = ("--seeds", "4", "--baselines", "ppo", "--tune-seeds", "2",
 
 
 def judge(name: str, run_dir: Path, store: Path, suite: str, flags: list[str],
-          env: dict[str, str]) -> dict:
+          env: dict[str, str], smoke: bool = False) -> dict:
     """``metarl evaluate zoo:NAME --suite SUITE --tune`` in a process of its own; the
     record's suite rows, its path, the store's line and the seconds it took."""
     command = [sys.executable, "-m", "metarl", "evaluate", f"zoo:{name}", "--run-dir",
                str(run_dir), "--suite", suite, "--tune", "--cache-dir", str(store), *flags]
-    if "PYTHONPATH" in env:  # the smoke suite registers itself on import, as a plugin would
+    if smoke:  # the smoke suite registers itself on import, as a plugin would
         command = [sys.executable, "-c", "import smoke_suite, sys; from metarl.cli import main;"
                    f" sys.exit(main({command[3:]!r}))"]
     started = time.perf_counter()
@@ -69,19 +75,13 @@ def judge(name: str, run_dir: Path, store: Path, suite: str, flags: list[str],
     seconds = round(time.perf_counter() - started, 1)
     if done.returncode != 0:
         raise failed(done)
-    lines = [line for line in done.stdout.splitlines() if RECORD_LINE.match(line)]
-    paths = [RECORD_LINE.match(line).group(1) for line in lines]
-    if len(paths) != 1:
-        raise RuntimeError(f"no record path in the output of zoo:{name}'s evaluation:\n"
-                           f"{done.stdout[-3000:]}")
-    record = json.loads(Path(paths[0]).read_text())
+    path, reused, store_line = evaluation_output(done)
+    record = json.loads(path.read_text())
     section = record["suite"]
-    store_line = [line for line in done.stdout.splitlines() if line.startswith("training store")]
     # an evaluation made before is reused, not trained again: its seconds are not its cost
     return {"discovery": f"zoo:{name}", "seconds": seconds,
-            "reused_earlier_evaluation": lines[0].startswith("reusing"), "record": paths[0],
-            "eval_seed": record["eval_seed"], "seeds": record["seeds"],
-            "store": store_line[-1] if store_line else None,
+            "reused_earlier_evaluation": reused, "record": str(path),
+            "eval_seed": record["eval_seed"], "seeds": record["seeds"], "store": store_line,
             "trained_on": section["trained_on"], "pooled_over": section["pooled_over"],
             "environments": section["environments"], "pooled": section["pooled"]}
 
@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     judged = []
     for name in names:
         judged.append(judge(name, runs_dir / name, runs_dir / "store" / "trainings", suite,
-                            flags, env))
+                            flags, env, smoke=args.smoke))
         print(f"{name}: {judged[-1]['seconds']} s, {judged[-1]['store']}", file=sys.stderr)
     result = {
         "study": "discoveries_on_suite", "suite": suite, "smoke": args.smoke,

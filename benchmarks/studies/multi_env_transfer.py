@@ -147,6 +147,18 @@ def meta_test_pooled(record: dict) -> dict:
     return {"pooled_over": recomputed["pooled_over"], "pooled": recomputed["pooled"]}
 
 
+def evaluation_output(done: subprocess.CompletedProcess) -> tuple[Path, bool, str | None]:
+    """What a finished ``metarl evaluate`` printed: its record's path, whether it reused an
+    identical earlier evaluation instead of training, and the training store's summary line."""
+    found = [m for line in done.stdout.splitlines() if (m := RECORD_LINE.match(line))]
+    if len(found) != 1:
+        raise RuntimeError(f"no record path in the output of {' '.join(done.args)}:\n"
+                           f"{done.stdout[-3000:]}")
+    store = [line for line in done.stdout.splitlines() if line.startswith("training store")]
+    return (Path(found[0].group(1)), found[0].group(0).startswith("reusing"),
+            store[-1] if store else None)
+
+
 def evaluate(run_dir: Path, store: Path, flags: list[str], log: list[dict]) -> dict:
     """``metarl evaluate RUN --suite classic --tune``; the record's pooled rows and
     meta-test rows."""
@@ -154,20 +166,13 @@ def evaluate(run_dir: Path, store: Path, flags: list[str], log: list[dict]) -> d
                        "--cache-dir", str(store), *flags), log)
     if done.returncode != 0:
         raise failed(done)
-    paths = [m.group(1) for line in done.stdout.splitlines()
-             if (m := RECORD_LINE.match(line))]
-    if len(paths) != 1:
-        raise RuntimeError(f"no record path in the output of {' '.join(done.args)}:\n"
-                           f"{done.stdout[-3000:]}")
-    path = Path(paths[0])
+    path, _, store_line = evaluation_output(done)
     record = json.loads(path.read_text())
     section = record["suite"]
     mine = meta_test_pooled(record)
-    store_line = [line for line in done.stdout.splitlines()
-                  if line.startswith("training store")]
     return {
         "record": str(path), "record_id": record.get("id"), "eval_seed": record["eval_seed"],
-        "seeds": record["seeds"], "store": store_line[-1] if store_line else None,
+        "seeds": record["seeds"], "store": store_line,
         "suite": {key: section[key] for key in ("name", "version", "train", "test")},
         "trained_on": section["trained_on"], "pooled_over": section["pooled_over"],
         "pooled": section["pooled"],
