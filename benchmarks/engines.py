@@ -84,6 +84,7 @@ from metarl.evolve.generation import Evolution, search_start
 from metarl.evolve.metagradient import MetaGradient, metagradient_start
 from metarl.evolve.metagradient_config import MetaGradientConfig
 from metarl.kinds import start as start_run
+from metarl.runs.evaluations import write_used_roots
 from metarl.stats import probability_of_improvement, verdict
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
@@ -472,8 +473,11 @@ def latest_evaluation(run_dir: Path) -> Path:
 def summarise_evaluations(root: Path) -> dict[str, Any]:
     """``--evaluations``: the tuned verdicts of the searches ``--run-dirs`` wrote under
     ``root`` (``root/<task>/<engine>_s<meta-seed>``), from each run's newest ``metarl
-    evaluate --tune --start`` record: per run the held-out returns of every row, the
-    comparisons and the chosen settings (the records' training curves left out); per task
+    evaluate --tune --start`` record: per run its held-out root (``eval_seed``, and whether
+    an earlier evaluation of the run had used it), the held-out returns of every row, the
+    comparisons and, per tuned objective, the chosen setting, the knobs chosen at an edge of
+    the final grid (``at_edge``) and how the grid widened (``widening``; the records'
+    training curves and tuning scores left out); per task
     and engine each comparison pooled over the meta-seeds (their held-out seeds together,
     paired with the same baseline row of each run); with both engines, their results
     against each other (:func:`between_engines`)."""
@@ -488,9 +492,13 @@ def summarise_evaluations(root: Path) -> dict[str, Any]:
             tuning = record.get("tuning", {}).get("environments", {}).get(env_id, {})
             engines.setdefault(engine, {"runs": []})["runs"].append({
                 "meta_seed": int(seed), "record": str(path), "env_id": env_id,
+                "eval_seed": record.get("eval_seed"),
+                "eval_seed_reused": record.get("eval_seed_reused"),
                 "returns": {row["objective"]: row["returns"] for row in record["results"]},
                 "comparisons": stats["comparisons"],
-                "chosen": {name: entry.get("chosen") for name, entry in tuning.items()}})
+                "chosen": {name: entry.get("chosen") for name, entry in tuning.items()},
+                "at_edge": {name: entry.get("at_edge") for name, entry in tuning.items()},
+                "widening": {name: entry.get("widening") for name, entry in tuning.items()}})
         for section in engines.values():
             pairs = [(c["evolved"], c["baseline"]) for c in section["runs"][0]["comparisons"]]
             pooled = []
@@ -652,6 +660,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 record = {"meta_seed": seed, **search["record"],
                           "held_out": held_out(search, config, args.held_out_seeds),
                           "config": config.to_dict()}
+                if run_dir is not None:  # a later metarl evaluate draws other held-out keys
+                    write_used_roots(run_dir, [DEFAULT_EVAL_SEED],
+                                     f"the untuned held-out check of {args.out}")
                 runs.append(record)
                 print(json.dumps({"task": name, "engine": engine, "meta_seed": seed,
                                   "final_measure": record["final_measure"],

@@ -198,16 +198,27 @@ def cells(source: Source, env: str) -> tuple[dict[tuple[str, bool], Cell | Text]
         engine = record["tasks"][source.task][source.engine]
         for c in engine["pooled"]:
             p = c["pooled_p_improvement"]
-            found[_name(c["baseline"])] = Cell(p["value"], p["low"], p["high"],
-                                               c["pooled_verdict"], tuple(c["verdicts"]))
+            evolved, baseline = _name(c["evolved"]), _name(c["baseline"])
+            edges = {_edge({name: {"at_edge": (run.get("at_edge") or {}).get(name),
+                                   "widening": (run.get("widening") or {}).get(name)}
+                            for name in (evolved[0], baseline[0])},
+                           (evolved[0], baseline[0]))
+                     for run in engine["runs"]} if evolved[1] and baseline[1] else set()
+            edge = "grid" if "grid" in edges else ("range" if "range" in edges else "")
+            found[baseline] = Cell(p["value"], p["low"], p["high"], c["pooled_verdict"],
+                                   tuple(c["verdicts"]), edge=edge)
         if source.engine == "evolution":  # evolution's objective against the other engine's
             for c in record["tasks"][source.task]["evolution_vs_metagradient"]:
                 p = c["p_evolution_better"]
                 found[("metagradient", _name(c["row"])[1])] = Cell(p["value"], p["low"],
                                                                    p["high"], c["verdict"])
         sizes = {len(run["returns"]["evolved"]) for run in engine["runs"]}
-        return found, (f"{len(engine['runs'])} × {'/'.join(map(str, sorted(sizes)))} "
-                       "(root not in the record)")
+        roots = sorted({run["eval_seed"] for run in engine["runs"]
+                        if run.get("eval_seed") is not None})
+        reused = " reused" if any(run.get("eval_seed_reused") for run in engine["runs"]) else ""
+        root = (f"root {'/'.join(map(str, roots))}{reused}" if roots
+                else "root not in the record")
+        return found, f"{len(engine['runs'])} × {'/'.join(map(str, sorted(sizes)))} ({root})"
     if source.kind == "known_answers":
         task = record["tasks"][source.task]
         summary = task["engines"][source.engine]["summary"]

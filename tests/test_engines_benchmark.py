@@ -96,14 +96,22 @@ def test_the_tuned_evaluations_of_each_engine_are_pooled_over_meta_seeds(tmp_pat
             "statistics": {"environments": {"CartPole-v1": {"comparisons": [
                 {"evolved": "evolved (tuned)", "baseline": "l2 (tuned)",
                  "verdict": "better" if seed == 0 else "worse"}]}}},
+            "eval_seed": 10008 + seed, "eval_seed_reused": False,
             "tuning": {"environments": {"CartPole-v1": {
-                "l2": {"chosen": {"vf_coef": 0.3}}}}}}))
+                "l2": {"chosen": {"vf_coef": 0.3}, "at_edge": {"learning_rate": "highest"},
+                       "widening": {"cap": 3, "rounds": 3,
+                                    "capped": {"learning_rate": "highest"}}}}}}}))
     out = tmp_path / "evaluations.json"
     engines.main(["--evaluations", str(tmp_path), "--out", str(out)])
     section = json.loads(out.read_text())["tasks"]["cartpole_value"]["evolution"]
     assert [run["meta_seed"] for run in section["runs"]] == [0, 1]
     assert section["runs"][0]["record"].endswith("2.json")
     assert section["runs"][1]["chosen"] == {"l2": {"vf_coef": 0.3}}
+    # what the tables need to name the held-out roots and mark a choice still at an edge
+    assert [(run["eval_seed"], run["eval_seed_reused"]) for run in section["runs"]] == [
+        (10008, False), (10009, False)]
+    assert section["runs"][1]["at_edge"] == {"l2": {"learning_rate": "highest"}}
+    assert section["runs"][1]["widening"]["l2"]["capped"] == {"learning_rate": "highest"}
     pooled, = section["pooled"]
     assert pooled["verdicts"] == ["better", "worse"]
     expected = probability_of_improvement(np.concatenate([found[0], found[1]]),

@@ -7,6 +7,7 @@ pages."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -118,3 +119,37 @@ def test_check_fails_on_a_page_that_differs_and_writes_nothing(render, monkeypat
     assert render.main(["--check"]) == 1
     assert "docs/evidence/value-distance.md: block value_distance" in capsys.readouterr().err
     assert (ROOT / page).read_text(encoding="utf-8") == before
+
+
+def test_a_pooled_engines_cell_names_its_roots_and_marks_any_runs_edge(render, tmp_path,
+                                                                       monkeypatch):
+    """The engines benchmark pools three meta-seeds' evaluations: the table names the
+    held-out roots they drew, marks the cell if any one run reused its root, and marks a
+    tuned comparison if either side's choice sat at an unwidened edge in any one run."""
+    def run(root, reused, l2_edge):
+        return {"eval_seed": root, "eval_seed_reused": reused,
+                "returns": {"evolved": [1.0] * 8},
+                "at_edge": {"evolved": {}, "l2": {"learning_rate": "highest"} if l2_edge else {}},
+                "widening": {"evolved": None, "l2": {"capped": {}, "out_of_range": {}}}}
+    pooled = [{"evolved": "evolved (tuned)", "baseline": "l2 (tuned)",
+               "verdicts": ["better", "better", "no difference found"],
+               "pooled_p_improvement": {"value": 0.6, "low": 0.55, "high": 0.65},
+               "pooled_verdict": "better"},
+              {"evolved": "evolved", "baseline": "l2",
+               "verdicts": ["better"] * 3,
+               "pooled_p_improvement": {"value": 0.8, "low": 0.7, "high": 0.9},
+               "pooled_verdict": "better"}]
+    monkeypatch.setattr(render, "RESULTS", tmp_path)
+    for name, runs in (("fresh.json", [run(10008, False, False), run(10008, False, True),
+                                       run(10009, False, False)]),
+                       ("seen.json", [run(10007, True, False)] * 3)):
+        record = {"tasks": {"task": {"evolution": {"runs": runs, "pooled": pooled},
+                                     "evolution_vs_metagradient": []}}}
+        (tmp_path / name).write_text(json.dumps(record))
+    found, seeds = render.cells(render.Source("engines", "fresh.json", "task", "evolution"), "")
+    assert seeds == "3 × 8 (root 10008/10009)"
+    assert found[("l2", True)].text() == "0.60 [0.55, 0.65]: better (2 of 3) ‡"
+    assert found[("l2", False)].text() == "0.80 [0.70, 0.90]: better (3 of 3)"  # untuned
+    found, seeds = render.cells(render.Source("engines", "seen.json", "task", "evolution"), "")
+    assert seeds == "3 × 8 (root 10007 reused)"
+    assert found[("l2", True)].text() == "0.60 [0.55, 0.65]: better (2 of 3)"
