@@ -470,10 +470,12 @@ def latest_evaluation(run_dir: Path) -> Path:
     return records[-1]
 
 
-def summarise_evaluations(root: Path) -> dict[str, Any]:
+def summarise_evaluations(root: Path, number: int | None = None) -> dict[str, Any]:
     """``--evaluations``: the tuned verdicts of the searches ``--run-dirs`` wrote under
     ``root`` (``root/<task>/<engine>_s<meta-seed>``), from each run's newest ``metarl
-    evaluate --tune --start`` record: per run its held-out root (``eval_seed``, and whether
+    evaluate --tune --start`` record, or its ``evaluations/<number>.json`` (``--evaluation``;
+    runs without one are left out, so one evaluation of all runs pools on the same held-out
+    keys): per run its held-out root (``eval_seed``, and whether
     an earlier evaluation of the run had used it), the held-out returns of every row, the
     comparisons and, per tuned objective, the chosen setting, the knobs chosen at an edge of
     the final grid (``at_edge``) and how the grid widened (``widening``; the records'
@@ -486,7 +488,10 @@ def summarise_evaluations(root: Path) -> dict[str, Any]:
         engines: dict[str, Any] = {}
         for run_dir in sorted(path for path in task_dir.iterdir() if path.is_dir()):
             engine, seed = run_dir.name.rsplit("_s", 1)
-            path = latest_evaluation(run_dir)
+            path = (latest_evaluation(run_dir) if number is None
+                    else run_dir / "evaluations" / f"{number}.json")
+            if not path.is_file():
+                continue
             record = json.loads(path.read_text())
             (env_id, stats), = record["statistics"]["environments"].items()
             tuning = record.get("tuning", {}).get("environments", {}).get(env_id, {})
@@ -515,6 +520,8 @@ def summarise_evaluations(root: Path) -> dict[str, Any]:
                                                         "high": estimate.high},
                                "pooled_verdict": verdict(estimate.low, estimate.high)})
             section["pooled"] = pooled
+        if not engines:
+            continue
         if set(ENGINES) <= engines.keys():
             engines["evolution_vs_metagradient"] = between_engines(engines)
         report["tasks"][task_dir.name] = engines
@@ -580,6 +587,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         help="summarise instead the tuned evaluations of the searches that "
                              "--run-dirs DIR wrote (metarl evaluate RUN --tune --start on "
                              "each first): per run and pooled over meta-seeds")
+    parser.add_argument("--evaluation", type=int, default=None, metavar="N",
+                        help="--evaluations: read each run's evaluations/N.json (runs "
+                             "without one left out) instead of its newest")
     parser.add_argument("--out", default="docs/results/engines.json")
     args = parser.parse_args(argv)
     command = "python benchmarks/engines.py " + " ".join(sys.argv[1:] if argv is None else argv)
@@ -588,7 +598,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         return {}
     if args.evaluations:
         report = {"benchmark": "engines evaluations", "command": command,
-                  **summarise_evaluations(Path(args.evaluations))}
+                  **summarise_evaluations(Path(args.evaluations), args.evaluation)}
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
         for task, engines in report["tasks"].items():

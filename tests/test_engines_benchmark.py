@@ -117,6 +117,15 @@ def test_the_tuned_evaluations_of_each_engine_are_pooled_over_meta_seeds(tmp_pat
     expected = probability_of_improvement(np.concatenate([found[0], found[1]]),
                                           np.concatenate([baseline, baseline]), paired=True)
     assert pooled["pooled_p_improvement"]["value"] == expected.value == 0.5
+    # one evaluation by number, so that every run pools on the same held-out keys; runs
+    # without that evaluation are left out
+    by_number = engines.summarise_evaluations(tmp_path, 2)
+    assert by_number["tasks"]["cartpole_value"]["evolution"]["pooled"] == section["pooled"]
+    (tmp_path / "cartpole_value" / "evolution_s1" / "evaluations" / "2.json").rename(
+        tmp_path / "cartpole_value" / "evolution_s1" / "evaluations" / "3.json")
+    only_first = engines.summarise_evaluations(tmp_path, 2)["tasks"]["cartpole_value"]
+    assert [run["meta_seed"] for run in only_first["evolution"]["runs"]] == [0]
+    assert engines.summarise_evaluations(tmp_path, 4)["tasks"] == {}
 
 
 def test_the_two_engines_results_are_compared_seed_by_seed(tmp_path):
