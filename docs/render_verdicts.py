@@ -208,7 +208,7 @@ def cells(source: Source, env: str) -> tuple[dict[tuple[str, bool], Cell | Text]
             found[baseline] = Cell(p["value"], p["low"], p["high"], c["pooled_verdict"],
                                    tuple(c["verdicts"]), edge=edge)
         if source.engine == "evolution":  # evolution's objective against the other engine's
-            for c in record["tasks"][source.task]["evolution_vs_metagradient"]:
+            for c in record["tasks"][source.task].get("evolution_vs_metagradient", []):
                 p = c["p_evolution_better"]
                 found[("metagradient", _name(c["row"])[1])] = Cell(p["value"], p["low"],
                                                                    p["high"], c["verdict"])
@@ -341,7 +341,11 @@ BLOG = "value_distance_blog_cpu/evaluations/"
 #: the CPU-sized searches judged again on fresh held-out seeds with widening grids
 VD_FRESH = "value_distance_seeds/compare_fresh/comparison.json"
 LPO_FRESH = "lpo_cpu_seeds/compare_fresh/comparison.json"
-_ENGINES = "engines/cartpole_evaluations.json"
+_ENGINES = "engines/cartpole_rejudged.json"  # fresh held-out seeds, widening grids
+_ENGINES_FIRST = "engines/cartpole_evaluations.json"  # the first judgement, superseded
+#: evolution's drifts again, every row tuned over one learning-rate grid from 1/3× to 47×
+_ENGINES_ONE_GRID = "engines/cartpole_drift_one_grid.json"
+_ONE_GRID = ", fresh seeds, one learning-rate grid (1/3× to 47×) for every row"
 
 
 def _minigrid(search: str, run: str, start: str = "", evaluation: int = 1) -> tuple[Row, ...]:
@@ -482,11 +486,17 @@ BLOCKS: dict[str, Block] = {
          Column("PPO", "ppo", False), Column("PPO", "ppo", True), Column("DPO", "dpo", True),
          Column("meta-gradients' objective", "metagradient", False),
          Column("meta-gradients' objective", "metagradient", True)),
-        tuple(Row(f"{name}, 3 meta-seeds", task, "", (Source("engines", _ENGINES, key, engine),))
+        tuple(Row(f"{name}, 3 meta-seeds{when}", task, "",
+                  (Source("engines", record, key, engine),))
+              for record, when in ((_ENGINES, ", fresh seeds, widening grids"),
+                                   (_ENGINES_ONE_GRID, _ONE_GRID),
+                                   (_ENGINES_FIRST, ", first judgement (superseded)"))
               for key, task in (("cartpole_value", "value distance, CartPole-v1"),
                                 ("cartpole_drift", "drift (LPO), CartPole-v1"))
               for engine, name in (("evolution", "evolution"),
-                                   ("metagradient", "meta-gradients")))),
+                                   ("metagradient", "meta-gradients"))
+              if record != _ENGINES_ONE_GRID or (key, engine) == ("cartpole_drift",
+                                                                 "evolution"))),
 }
 
 #: The front pages' "what was found": each search against the objective it started from,
@@ -496,6 +506,19 @@ _VALUE_START = (("L2", "l2"), ("its start", "start"))
 _BLOG_SETTLED = Row("value distance, the blog's settings (5e5 steps), fresh seeds, widening grids",
                     "PPO, CartPole-v1", "CartPole-v1", (_ev(BLOG + "4.json"),),
                     against=_VALUE_START)
+_DRIFT_START = (("PPO", "ppo"), ("its start", "start"))
+
+
+def _engine_rows(objective: str, task: str, key: str, against: tuple, record: str,
+                 when: str) -> tuple[Row, Row]:
+    """The engines benchmark's two searches of one objective (evolution, meta-gradients),
+    each pooled over its three meta-seeds, against the objective they started from."""
+    return tuple(Row(f"{objective} by {name}, 3 meta-seeds{when}", task, "",
+                     (Source("engines", record, key, engine),), against=against)
+                 for engine, name in (("evolution", "evolution"),
+                                      ("metagradient", "meta-gradients")))
+
+
 #: verdicts superseded by a judgement on fresh held-out seeds with grids widening themselves:
 #: the front page leaves them out, the home page keeps them after the current ones
 _SUPERSEDED = (
@@ -518,25 +541,24 @@ _SUPERSEDED = (
     Row("LPO drift, 3 evolution seeds, seeds seen before (superseded)", "Acrobot-v1",
         "Acrobot-v1", (_pooled("lpo_cpu_seeds/compare_acrobot_iqm/comparison.json"),),
         against=(("PPO", "ppo"),)),
+    *_engine_rows("value distance", "PPO, CartPole-v1", "cartpole_value", _VALUE_START,
+                  _ENGINES_FIRST, ", first judgement (superseded)"),
+    *_engine_rows("LPO drift", "CartPole-v1", "cartpole_drift", _DRIFT_START,
+                  _ENGINES_FIRST, ", first judgement (superseded)"),
 )
 _FOUND_ROWS = (
     Row("value distance, 3 evolution seeds (65,536 steps), fresh seeds, widening grids",
         "PPO, CartPole-v1", "CartPole-v1", (_pooled(VD_FRESH),), against=(("L2", "l2"),)),
-    Row("value distance by evolution, 3 meta-seeds (65,536 steps)", "PPO, CartPole-v1", "",
-        (Source("engines", _ENGINES, "cartpole_value", "evolution"),),
-        against=_VALUE_START),
-    Row("value distance by meta-gradients, 3 meta-seeds", "PPO, CartPole-v1", "",
-        (Source("engines", _ENGINES, "cartpole_value", "metagradient"),),
-        against=_VALUE_START),
+    *_engine_rows("value distance", "PPO, CartPole-v1", "cartpole_value", _VALUE_START,
+                  _ENGINES, ", fresh seeds, widening grids"),
     *(Row("LPO drift, 3 evolution seeds, fresh seeds, widening grids", env, env,
           (_pooled(LPO_FRESH),), against=(("PPO", "ppo"),))
       for env in ("CartPole-v1", "Acrobot-v1")),
-    Row("LPO drift by evolution, 3 meta-seeds", "CartPole-v1", "",
-        (Source("engines", _ENGINES, "cartpole_drift", "evolution"),),
-        against=(("PPO", "ppo"), ("its start", "start"))),
-    Row("LPO drift by meta-gradients, 3 meta-seeds", "CartPole-v1", "",
-        (Source("engines", _ENGINES, "cartpole_drift", "metagradient"),),
-        against=(("PPO", "ppo"), ("its start", "start"))),
+    *_engine_rows("LPO drift", "CartPole-v1", "cartpole_drift", _DRIFT_START, _ENGINES,
+                  ", fresh seeds, widening grids"),
+    Row(f"LPO drift by evolution, 3 meta-seeds{_ONE_GRID}", "CartPole-v1", "",
+        (Source("engines", _ENGINES_ONE_GRID, "cartpole_drift", "evolution"),),
+        against=_DRIFT_START),
     Row("learned optimiser", "PPO, CartPole-v1", "CartPole-v1",
         (_ev("learned_optimizer_cpu_minatar/evaluations/1.json"),),
         against=(("Adam", "ppo"),)),
