@@ -319,3 +319,38 @@ def test_padding_reuses_a_compiled_size_only_while_its_extra_training_is_small()
     assert padded_size(2, 8, 192, set()) == 2
     assert padded_size(1, 5, 192, compiled) == 1  # no size divides into 5-seed settings
     assert padded_size(1, 8, 10, compiled, budget=0) == 1
+
+
+def test_rows_that_settled_where_the_other_never_tuned_are_marked():
+    """The engines' CartPole drift in miniature: PPO's widening reached a learning rate of
+    27x while the drift's best first-grid point was inside its grid, so it never tried
+    27x; the tuned verdict between them is marked, with both choices and both ranges, and
+    a pair whose choices each lie inside the other's range is not."""
+    from metarl.evolve.verdicts import APART_MARK, format_table, settled_apart
+
+    def row(chosen, scored):
+        return {"chosen": {"learning_rate": chosen},
+                "settings": [{"setting": {"learning_rate": v}} for v in scored]}
+
+    def comparison(baseline):
+        return {"evolved": "evolved (tuned)", "baseline": f"{baseline} (tuned)",
+                "probability_of_improvement": 0.02, "low": 0.0, "high": 0.05,
+                "paired": True, "verdict": "worse"}
+
+    report = {"seeds": 4, "eval_seed": 10008, "results": [],
+              "tuning": {"environments": {"CartPole-v1": {
+                  "evolved": row(6.4e-4, [8.3e-5, 2.5e-4, 6.4e-4, 7.5e-4]),
+                  "ppo": row(6.75e-3, [8.3e-5, 2.5e-4, 7.5e-4, 2.25e-3, 6.75e-3, 2.0e-2]),
+                  "dpo": row(7.5e-4, [8.3e-5, 2.5e-4, 7.5e-4, 2.25e-3])}}},
+              "statistics": {"environments": {"CartPole-v1": {
+                  "objectives": {},
+                  "comparisons": [comparison("ppo"), comparison("dpo")]}}}}
+    apart = settled_apart(report)
+    assert list(apart) == [("CartPole-v1", "evolved (tuned)", "ppo (tuned)")]
+    entry, = apart[("CartPole-v1", "evolved (tuned)", "ppo (tuned)")]
+    assert entry["chosen"] == {"evolved": 6.4e-4, "ppo": 6.75e-3}
+    assert entry["scored"]["evolved"] == [8.3e-5, 7.5e-4]
+    table = format_table(report)
+    marked = [line for line in table.splitlines() if line.rstrip().endswith(APART_MARK.strip())]
+    assert len(marked) == 1 and "ppo (tuned)" in marked[0]
+    assert "learning_rate 0.00064 against 0.00675" in table

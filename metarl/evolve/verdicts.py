@@ -31,9 +31,10 @@ from metarl.stats import (
     verdict,
 )
 
-__all__ = ["SEEN_MARK", "SEEN_NOTE", "environment_statistics", "format_table",
-           "held_out_seeds_line", "judge", "verdicts"]
+__all__ = ["APART_MARK", "SEEN_MARK", "SEEN_NOTE", "environment_statistics", "format_table",
+           "held_out_seeds_line", "judge", "settled_apart", "verdicts"]
 
+APART_MARK = " †"  # after a tuned verdict whose two rows settled where the other never tuned
 SEEN_MARK = " *"  # after a verdict judged on held-out seeds an earlier evaluation used
 SEEN_NOTE = ("judged on seen seeds: earlier evaluations already used these held-out seeds, "
              "so this verdict is no fresh test")
@@ -124,6 +125,59 @@ def environment_statistics(results: Sequence[Mapping[str, Any]], resamples: int 
             "environments": environments}
 
 
+def _scored_range(record: Mapping[str, Any], knob: str) -> tuple[float, float] | None:
+    values = [s["setting"][knob] for s in record.get("settings") or ()
+              if knob in (s.get("setting") or {})]
+    return (min(values), max(values)) if values else None
+
+
+def settled_apart(report: Mapping[str, Any]) -> dict[tuple[str, str, str], list[dict]]:
+    """Tuned comparisons whose two rows settled where the other never tuned, keyed by
+    (environment, evolved row, baseline row): per shared knob, each side's choice and the
+    range of values the other side scored. Widening follows a choice at an edge only, so a
+    row whose best first-grid point is inside its grid never tries a far region another
+    row's widening reached; the verdict then measures how far each row's tuning went
+    (judge again with ``--tune-grid`` spanning both). Computed from the record's ``tuning``
+    section, so records saved before this check are read alike."""
+    environments = (report.get("tuning") or {}).get("environments") or {}
+    statistics = (report.get("statistics") or {}).get("environments") or {}
+    found: dict[tuple[str, str, str], list[dict]] = {}
+    for env_id, records in environments.items():
+        for c in statistics.get(env_id, {}).get("comparisons", []):
+            names = [row.removesuffix(" (tuned)") for row in (c["evolved"], c["baseline"])]
+            if not all(row.endswith(" (tuned)") for row in (c["evolved"], c["baseline"])):
+                continue
+            evolved, baseline = (records.get(name) or {} for name in names)
+            knobs = (evolved.get("chosen") or {}).keys() & (baseline.get("chosen") or {}).keys()
+            for knob in sorted(knobs):
+                spans = [_scored_range(evolved, knob), _scored_range(baseline, knob)]
+                chosen = [evolved["chosen"][knob], baseline["chosen"][knob]]
+                if None in spans:
+                    continue
+                outside = [not (low * (1 - 1e-6) <= value <= high * (1 + 1e-6))
+                           for value, (low, high) in zip(chosen, reversed(spans), strict=True)]
+                if any(outside):
+                    found.setdefault((env_id, c["evolved"], c["baseline"]), []).append(
+                        {"knob": knob, "chosen": dict(zip(names, chosen, strict=True)),
+                         "scored": {name: list(span)
+                                    for name, span in zip(names, spans, strict=True)}})
+    return found
+
+
+def _apart_lines(apart: Mapping[tuple[str, str, str], list[dict]]) -> list[str]:
+    lines = []
+    for (env_id, _, _), knobs in apart.items():
+        for entry in knobs:
+            (first, a), (second, b) = entry["chosen"].items()
+            spans = "; ".join(f"{name} scored {low:.3g} to {high:.3g}"
+                              for name, (low, high) in entry["scored"].items())
+            lines.append(f"{APART_MARK.strip()} {env_id}: {first} and {second} settled where "
+                         f"the other never tuned: {entry['knob']} {a:.3g} against {b:.3g} "
+                         f"({spans}); judge again with one grid spanning both "
+                         f"(--tune-grid {entry['knob']}=...)")
+    return lines
+
+
 def format_table(report: dict[str, Any]) -> str:
     """Plain-text tables of an evaluation: per environment and objective the IQM, median and
     mean of the held-out scores with 95% intervals; then each comparison of the evolved
@@ -153,14 +207,17 @@ def format_table(report: dict[str, Any]) -> str:
              for c in data.get("comparisons", [])]
     if found:
         seen = SEEN_MARK if report.get("eval_seed_reused") else ""
+        apart = settled_apart(report)
         rows = [("environment", "objective", "vs baseline", "P(improvement)", "95% CI",
                  "paired", "verdict")]
         rows += [(task(env_id), c["evolved"], c["baseline"],
                   f"{c['probability_of_improvement']:.2f}",
                   f"[{c['low']:.2f}, {c['high']:.2f}]", "yes" if c["paired"] else "no",
-                  c["verdict"] + seen) for env_id, c in found]
+                  c["verdict"] + seen
+                  + (APART_MARK if (env_id, c["evolved"], c["baseline"]) in apart else ""))
+                 for env_id, c in found]
         notes = ["verdict: better / worse when the 95% interval of P(improvement) lies wholly "
-                 "above / below 0.5, else no difference found"]
+                 "above / below 0.5, else no difference found", *_apart_lines(apart)]
         if seen:
             earlier = ", ".join(str(i) for i in report.get("eval_seed_earlier_records") or [])
             notes.append(f"{SEEN_MARK.strip()} {SEEN_NOTE} (evaluations {earlier or '?'} "
