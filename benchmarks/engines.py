@@ -83,6 +83,7 @@ from metarl.evolve.evaluate import DEFAULT_EVAL_SEED, evaluate_objective
 from metarl.evolve.generation import Evolution, search_start
 from metarl.evolve.metagradient import MetaGradient, metagradient_start
 from metarl.evolve.metagradient_config import MetaGradientConfig
+from metarl.evolve.verdicts import settled_apart
 from metarl.kinds import start as start_run
 from metarl.runs.evaluations import write_used_roots
 from metarl.stats import probability_of_improvement, verdict
@@ -478,7 +479,9 @@ def summarise_evaluations(root: Path, number: int | None = None) -> dict[str, An
     keys): per run its held-out root (``eval_seed``, and whether
     an earlier evaluation of the run had used it), the held-out returns of every row, the
     comparisons and, per tuned objective, the chosen setting, the knobs chosen at an edge of
-    the final grid (``at_edge``) and how the grid widened (``widening``; the records'
+    the final grid (``at_edge``), how the grid widened (``widening``) and the tuned
+    comparisons whose rows settled where the other never tuned (``settled_apart``,
+    :func:`metarl.evolve.verdicts.settled_apart`; the records'
     training curves and tuning scores left out); per task
     and engine each comparison pooled over the meta-seeds (their held-out seeds together,
     paired with the same baseline row of each run); with both engines, their results
@@ -503,7 +506,8 @@ def summarise_evaluations(root: Path, number: int | None = None) -> dict[str, An
                 "comparisons": stats["comparisons"],
                 "chosen": {name: entry.get("chosen") for name, entry in tuning.items()},
                 "at_edge": {name: entry.get("at_edge") for name, entry in tuning.items()},
-                "widening": {name: entry.get("widening") for name, entry in tuning.items()}})
+                "widening": {name: entry.get("widening") for name, entry in tuning.items()},
+                "settled_apart": [list(key) for key in settled_apart(record)]})
         for section in engines.values():
             pairs = [(c["evolved"], c["baseline"]) for c in section["runs"][0]["comparisons"]]
             pooled = []

@@ -54,13 +54,17 @@ class Cell:
     # a tuned choice of either side lay at the edge of its final grid: "grid" (which was not
     # widened past it) or "range" (the edge of the knob's valid range, where it cannot widen)
     edge: str = ""
+    # the two tuned rows settled where the other never tuned (in any run pooled)
+    apart: bool = False
 
     def text(self) -> str:
         pooled = ""
         if self.runs:
             pooled = f" ({sum(v == self.verdict for v in self.runs)} of {len(self.runs)})"
         edge = {"": "", "grid": f" {EDGE_MARK}", "range": f" {RANGE_MARK}"}[self.edge]
-        return f"{self.p:.2f} [{self.low:.2f}, {self.high:.2f}]: {self.verdict}{pooled}{edge}"
+        apart = f" {APART_MARK}" if self.apart else ""
+        return (f"{self.p:.2f} [{self.low:.2f}, {self.high:.2f}]: {self.verdict}{pooled}{edge}"
+                f"{apart}")
 
 
 @dataclass(frozen=True)
@@ -106,6 +110,11 @@ EDGE_MARK = "‡"
 EDGE_NOTE = (f"{EDGE_MARK}: a tuned choice of either side lay at the edge of its final grid "
              "(one not widened, or still at its edge after the cap of widening rounds); a "
              "wider grid could change the verdict.")
+APART_MARK = "†"
+APART_NOTE = (f"{APART_MARK}: the two tuned rows settled where the other never tuned (a "
+              "choice beyond the range the other side scored, which its grid never widened "
+              "to reach); the verdict measures how far each tuning went as much as the "
+              "objective.")
 RANGE_MARK = "§"
 RANGE_NOTE = (f"{RANGE_MARK}: a tuned choice lay at the end of its knob's valid range (PPO's "
               "clip ε at 0.8, whose next step would pass 1), where its grid cannot widen.")
@@ -115,7 +124,7 @@ def _with_notes(lines: list[str]) -> str:
     """The table, and below it what *reused* and the edge mark mean when a row has them."""
     table = "\n".join(lines)
     notes = [note for mark, note in ((" reused)", REUSED_NOTE), (EDGE_MARK, EDGE_NOTE),
-                                     (RANGE_MARK, RANGE_NOTE))
+                                     (RANGE_MARK, RANGE_NOTE), (APART_MARK, APART_NOTE))
              if mark in table]
     return "\n\n".join([table, " ".join(notes)]) if notes else table
 
@@ -157,7 +166,10 @@ def cells(source: Source, env: str) -> tuple[dict[tuple[str, bool], Cell | Text]
     held-out seeds they were judged on, as the table states them."""
     record = source.load()
     found: dict[tuple[str, bool], Cell | Text] = {}
+    from metarl.evolve.verdicts import settled_apart
+
     if source.kind == "evaluation":
+        apart = settled_apart(record)
         tuning = record.get("tuning", {}).get("environments", {}).get(env, {})
         for c in record["statistics"]["environments"][env]["comparisons"]:
             evolved, baseline = _name(c["evolved"]), _name(c["baseline"])
@@ -165,7 +177,8 @@ def cells(source: Source, env: str) -> tuple[dict[tuple[str, bool], Cell | Text]
                 edge = _edge(tuning, (evolved[0], baseline[0])) if evolved[1] and baseline[1] \
                     else ""
                 found[baseline] = Cell(c["probability_of_improvement"], c["low"], c["high"],
-                                       c["verdict"], edge=edge)
+                                       c["verdict"], edge=edge,
+                                       apart=(env, c["evolved"], c["baseline"]) in apart)
         return found, _eval_seeds(record, source.path)
     if source.kind == "replicated":
         for c in record["pooled"]:
@@ -185,12 +198,14 @@ def cells(source: Source, env: str) -> tuple[dict[tuple[str, bool], Cell | Text]
                                                    c["outcome"])
             runs = [r for r in runs if r["label"] in (source.against, runs[0]["label"])][:1]
         else:
+            apart = set().union(*(settled_apart(_run_evaluation(run)[0]) for run in runs))
             for c in record["pooled"]:
                 if c["env_id"] == env and _name(c["evolved"])[0] == "evolved":
                     p = c["probability"]
                     per_run = tuple(v for v, n in c["counts"].items() for _ in range(n))
-                    found[_name(c["baseline"])] = Cell(p["value"], p["low"], p["high"],
-                                                       c["outcome"], per_run)
+                    found[_name(c["baseline"])] = Cell(
+                        p["value"], p["low"], p["high"], c["outcome"], per_run,
+                        apart=(env, c["evolved"], c["baseline"]) in apart)
         seeds = {_eval_seeds(*_run_evaluation(run)) for run in runs}
         count = f"{len(runs)} × " if len(runs) > 1 else ""
         return found, count + " / ".join(sorted(seeds))
@@ -205,8 +220,11 @@ def cells(source: Source, env: str) -> tuple[dict[tuple[str, bool], Cell | Text]
                            (evolved[0], baseline[0]))
                      for run in engine["runs"]} if evolved[1] and baseline[1] else set()
             edge = "grid" if "grid" in edges else ("range" if "range" in edges else "")
+            apart = any([c["evolved"], c["baseline"]] in [key[1:] for key in
+                                                          run.get("settled_apart", [])]
+                        for run in engine["runs"])
             found[baseline] = Cell(p["value"], p["low"], p["high"], c["pooled_verdict"],
-                                   tuple(c["verdicts"]), edge=edge)
+                                   tuple(c["verdicts"]), edge=edge, apart=apart)
         if source.engine == "evolution":  # evolution's objective against the other engine's
             for c in record["tasks"][source.task].get("evolution_vs_metagradient", []):
                 p = c["p_evolution_better"]

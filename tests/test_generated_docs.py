@@ -153,3 +153,16 @@ def test_a_pooled_engines_cell_names_its_roots_and_marks_any_runs_edge(render, t
     found, seeds = render.cells(render.Source("engines", "seen.json", "task", "evolution"), "")
     assert seeds == "3 × 8 (root 10007 reused)"
     assert found[("l2", True)].text() == "0.60 [0.55, 0.65]: better (2 of 3)"
+
+
+def test_a_verdict_between_rows_tuned_into_different_regions_is_marked(render):
+    """The value distance of evolution seed 0, fresh seeds: it settled at 2.4x PureJaxRL's
+    learning rate inside its first grid and never tried the 27x where tuned L2 settled;
+    that cell is marked, and explained under the table."""
+    found, _ = render.cells(
+        render.Source("evaluation", "value_distance_seeds/vd_s0/evaluations/6.json"),
+        "CartPole-v1")
+    assert found[("l2", True)].text().endswith(f" {render.APART_MARK}")
+    assert not found[("l2", False)].apart  # untuned: nothing was tuned
+    table = render._with_notes([f"| {found[('l2', True)].text()} |"])
+    assert table.endswith(render.APART_NOTE)
