@@ -37,6 +37,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from metarl.evolve.verdicts import settled_apart
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "docs" / "results"
 
@@ -166,8 +168,6 @@ def cells(source: Source, env: str) -> tuple[dict[tuple[str, bool], Cell | Text]
     held-out seeds they were judged on, as the table states them."""
     record = source.load()
     found: dict[tuple[str, bool], Cell | Text] = {}
-    from metarl.evolve.verdicts import settled_apart
-
     if source.kind == "evaluation":
         apart = settled_apart(record)
         tuning = record.get("tuning", {}).get("environments", {}).get(env, {})
@@ -197,8 +197,9 @@ def cells(source: Source, env: str) -> tuple[dict[tuple[str, bool], Cell | Text]
                     found[(source.against_as, tuned)] = Cell(c["probability"], c["low"], c["high"],
                                                    c["outcome"])
             runs = [r for r in runs if r["label"] in (source.against, runs[0]["label"])][:1]
-        else:
-            apart = set().union(*(settled_apart(_run_evaluation(run)[0]) for run in runs))
+        evaluations = [_run_evaluation(run) for run in runs]
+        if not source.against:
+            apart = set().union(*(settled_apart(evaluation) for evaluation, _ in evaluations))
             for c in record["pooled"]:
                 if c["env_id"] == env and _name(c["evolved"])[0] == "evolved":
                     p = c["probability"]
@@ -206,25 +207,24 @@ def cells(source: Source, env: str) -> tuple[dict[tuple[str, bool], Cell | Text]
                     found[_name(c["baseline"])] = Cell(
                         p["value"], p["low"], p["high"], c["outcome"], per_run,
                         apart=(env, c["evolved"], c["baseline"]) in apart)
-        seeds = {_eval_seeds(*_run_evaluation(run)) for run in runs}
+        seeds = {_eval_seeds(*evaluation) for evaluation in evaluations}
         count = f"{len(runs)} × " if len(runs) > 1 else ""
         return found, count + " / ".join(sorted(seeds))
     if source.kind == "engines":
         engine = record["tasks"][source.task][source.engine]
+        apart = {tuple(key[1:]) for run in engine["runs"] for key in run.get("settled_apart", [])}
         for c in engine["pooled"]:
             p = c["pooled_p_improvement"]
             evolved, baseline = _name(c["evolved"]), _name(c["baseline"])
-            edges = {_edge({name: {"at_edge": (run.get("at_edge") or {}).get(name),
-                                   "widening": (run.get("widening") or {}).get(name)}
-                            for name in (evolved[0], baseline[0])},
-                           (evolved[0], baseline[0]))
+            names = (evolved[0], baseline[0])
+            edges = {_edge({name: {field: (run.get(field) or {}).get(name)
+                                   for field in ("at_edge", "widening")} for name in names},
+                           names)
                      for run in engine["runs"]} if evolved[1] and baseline[1] else set()
             edge = "grid" if "grid" in edges else ("range" if "range" in edges else "")
-            apart = any([c["evolved"], c["baseline"]] in [key[1:] for key in
-                                                          run.get("settled_apart", [])]
-                        for run in engine["runs"])
             found[baseline] = Cell(p["value"], p["low"], p["high"], c["pooled_verdict"],
-                                   tuple(c["verdicts"]), edge=edge, apart=apart)
+                                   tuple(c["verdicts"]), edge=edge,
+                                   apart=(c["evolved"], c["baseline"]) in apart)
         if source.engine == "evolution":  # evolution's objective against the other engine's
             for c in record["tasks"][source.task].get("evolution_vs_metagradient", []):
                 p = c["p_evolution_better"]

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from metarl.evolve import tuning
-from metarl.evolve.judging import comparison_pairs, held_out_scores, text_table
+from metarl.evolve.judging import TUNED, comparison_pairs, held_out_scores, text_table
 from metarl.evolve.plan import (
     ACROSS,
     HELD_OUT,
@@ -144,9 +144,10 @@ def settled_apart(report: Mapping[str, Any]) -> dict[tuple[str, str, str], list[
     found: dict[tuple[str, str, str], list[dict]] = {}
     for env_id, records in environments.items():
         for c in statistics.get(env_id, {}).get("comparisons", []):
-            names = [row.removesuffix(" (tuned)") for row in (c["evolved"], c["baseline"])]
-            if not all(row.endswith(" (tuned)") for row in (c["evolved"], c["baseline"])):
+            rows = (c["evolved"], c["baseline"])
+            if not all(row.endswith(TUNED) for row in rows):
                 continue
+            names = [row.removesuffix(TUNED) for row in rows]
             evolved, baseline = (records.get(name) or {} for name in names)
             knobs = (evolved.get("chosen") or {}).keys() & (baseline.get("chosen") or {}).keys()
             for knob in sorted(knobs):
