@@ -35,6 +35,10 @@ Brax environments take ``"episode_length"`` (default :data:`BRAX_EPISODE_LENGTH`
 from __future__ import annotations
 
 import functools
+import importlib
+import importlib.util
+import sys
+import types
 import warnings
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -75,9 +79,45 @@ class VecEnvStep(NamedTuple):
     raw_reward: jax.Array
 
 
+class _ImportedOnFirstUse(types.ModuleType):
+    """Stands in for a module until one of its attributes is used, then imports it."""
+
+    def __getattr__(self, attribute: str):
+        return getattr(importlib.import_module(self.__name__), attribute)
+
+
+# What gymnax imports only to draw (Pong's colours, Catch's and others' ``render``).
+_DRAWING_MODULES = ("seaborn", "matplotlib.pyplot")
+
+
+def _import_gymnax() -> types.ModuleType:
+    """``gymnax``, without importing what it draws with until something draws.
+
+    gymnax imports every environment it has, and some import seaborn (with scipy and
+    pandas) or pyplot for their ``render`` alone: 1.2 of the 2.2 CPU-seconds a process
+    spends importing metarl and making CartPole. Every run, evaluation and worker process
+    starts by paying that, so while gymnax imports, each of :data:`_DRAWING_MODULES` not yet
+    imported is a stand-in that imports the real module on first use; afterwards an
+    ``import`` of it imports it as usual.
+    """
+    if "gymnax" in sys.modules:
+        return sys.modules["gymnax"]
+    deferred = [name for name in _DRAWING_MODULES if name not in sys.modules
+                and importlib.util.find_spec(name) is not None]
+    for name in deferred:
+        sys.modules[name] = _ImportedOnFirstUse(name)
+    try:
+        import gymnax
+    finally:
+        for name in deferred:
+            if isinstance(sys.modules.get(name), _ImportedOnFirstUse):
+                del sys.modules[name]
+    return gymnax
+
+
 def available_envs() -> list[str]:
     """Every id :func:`make_env` accepts."""
-    import gymnax
+    gymnax = _import_gymnax()
 
     from inner_loops.jax_envs import craftax_ids, jumanji_ids, navix_ids, xminigrid_ids
     from inner_loops.probe_envs import probe_ids
@@ -148,7 +188,7 @@ def make_env(env_id: str, env_params: Mapping[str, Any] | Iterable[tuple[str, An
 
 @functools.cache
 def _cached_gymnax_env(env_id: str, env_params: EnvParamPairs = ()) -> Env:
-    import gymnax
+    gymnax = _import_gymnax()
     from gymnax.environments import spaces
     from gymnax.environments.environment import Environment
 

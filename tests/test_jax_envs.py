@@ -253,8 +253,10 @@ def test_bad_env_params_name_the_parameter(env_id, env_params, message):
 def test_packages_load_lazily_and_a_missing_one_names_its_extra():
     # one subprocess for both checks: a fresh interpreter costs a second or two of CPU
     packages = {"craftax": CRAFTAX_ID, "navix": NAVIX_ID, "jumanji": "jumanji/Maze-v0"}
+    # what gymnax imports for drawing alone is imported on first use only
     code = ("import sys, metarl, inner_loops; inner_loops.make_env('CartPole-v1')\n"
-            "print(sorted({'xminigrid', 'craftax', 'navix', 'jumanji'} & set(sys.modules)))\n"
+            "print(sorted({'xminigrid', 'craftax', 'navix', 'jumanji', 'seaborn', 'pandas',"
+            " 'matplotlib.pyplot'} & set(sys.modules)))\n"
             f"for package, env_id in {packages!r}.items():\n"
             "    sys.modules[package] = None\n"
             "    try:\n        inner_loops.make_env(env_id)\n"
@@ -266,6 +268,14 @@ def test_packages_load_lazily_and_a_missing_one_names_its_extra():
     assert len(errors) == len(packages)
     for package, error in zip(packages, errors, strict=True):
         assert f'pip install "metarl[{package}]"' in error
+
+
+def test_a_module_deferred_while_gymnax_imports_is_the_real_one_on_first_use():
+    from inner_loops.envs import _ImportedOnFirstUse
+
+    stand_in = _ImportedOnFirstUse("colorsys")
+    assert stand_in.rgb_to_hsv(1.0, 0.0, 0.0) == (0.0, 1.0, 1.0)
+    assert stand_in.rgb_to_hsv is __import__("colorsys").rgb_to_hsv
 
 
 # --------------------------------------------------------------------------- xminigrid
