@@ -226,3 +226,15 @@ def test_the_benchmarks_readme_lists_every_script_in_its_section():
     # lower-case names only: the introduction writes `benchmarks/NAME.py` for any script
     for path in re.findall(r"python3? (benchmarks/[a-z_/]+\.py)", text):
         assert (BENCHMARKS.parent / path).is_file(), path
+
+
+def test_the_judging_cost_study_counts_differing_numbers_but_not_timings():
+    judging_cost = _load_benchmark("judging_cost", STUDIES)
+    record = {"rows": [{"iqm": 1.0, "returns": [1.0, 2.0]}], "train_seconds": 3.0,
+              "created": "2026-11-29", "verdict": "better"}
+    same_but_slower = {**record, "train_seconds": 9.0, "created": "2026-11-30"}
+    assert judging_cost.numbers_differing(record, same_but_slower) == 0
+    rounded = {**record, "rows": [{"iqm": 1.0000001, "returns": [1.0, 2.0000002]}]}
+    assert judging_cost.numbers_differing(record, rounded) == 2
+    assert judging_cost.numbers_differing(record, {**record, "verdict": "worse"}) == 1
+    assert judging_cost.numbers_differing(record, {"rows": []}) == 1  # another structure
