@@ -33,12 +33,12 @@ claim** about meta-training on several environments.
 
 Expected cost on the 2-core CPU (nothing else running; estimated, not measured): the runs
 about 25-32 min (multi-environment) and 15-19 min (CartPole alone), from the experiment
-files' headers; the first evaluation with an empty store most of an hour (every
-environment compiles its programs: docs/evidence/generalisation.md measured 57 min for one
-tuned evaluation on classic before the programs were shared), later ones minutes (every
+files' headers; the first evaluation with an empty store about 20 min (every environment
+compiles its programs: ``benchmarks/suite_evaluation.py`` measured 21 min alone for one
+tuned evaluation on classic, docs/results/suite_evaluation.json), later ones minutes (every
 run is judged on the same held-out seeds, so the baselines come from the store and the
-programs from the compilation cache beside it): about 2 h for the first evolution seed,
-1-1.5 h for each further one. The smoke took 43 min of wall at nice 19 beside another job
+programs from the compilation cache beside it): about 1.5 h for the first evolution seed,
+about 1 h for each further one. The smoke took 43 min of wall at nice 19 beside another job
 (load 3-6): 12 min the first run, 28 min the first evaluation, 2 min the rest.
 
     python benchmarks/studies/multi_env_transfer.py --evolution-seeds 3 \\
