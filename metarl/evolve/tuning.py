@@ -667,8 +667,9 @@ def _scorer(plan: TuningPlan, objective, inner, fitness, seeds: int, tune_seed: 
     # training is short, compiling a program for that size costs more than training repeats
     # of its first setting in a program already compiled, so such a call is padded up to
     # the smallest compiled size whose extra members train at most PAD_AGENT_STEPS; a long
-    # training (the blog's 5e5 steps) gets a program of its own size instead. Which sizes
-    # exist follows from the plan and the order of the calls, so results do too.
+    # training (the blog's 5e5 steps) gets a program of its own size instead. Padding
+    # changes what a call costs, not its results: a member trains alike whatever the size of
+    # its program (a small PPO's first 8 members at 8, 16 and 24: equal to the bit).
     programs: dict[int, Any] = shared_program(
         ("tuning sweep", objective, inner, fitness.metric, fitness.final_fraction, seeds,
          chunk_size, mesh), dict)
