@@ -37,6 +37,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from metarl.evolve import verdicts
 from metarl.evolve.verdicts import settled_apart
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -112,7 +113,7 @@ EDGE_MARK = "‡"
 EDGE_NOTE = (f"{EDGE_MARK}: a tuned choice of either side lay at the edge of its final grid "
              "(one not widened, or still at its edge after the cap of widening rounds); a "
              "wider grid could change the verdict.")
-APART_MARK = "†"
+APART_MARK = verdicts.APART_MARK.strip()  # the mark `metarl evaluate` prints too
 APART_NOTE = (f"{APART_MARK}: the two tuned rows settled where the other never tuned (a "
               "choice beyond the range the other side scored, which its grid never widened "
               "to reach); the verdict measures how far each tuning went as much as the "
