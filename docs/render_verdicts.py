@@ -892,9 +892,48 @@ def render_blog_claim(page: str) -> str:
     return "\n".join(lines)
 
 
+#: The multi-environment study: one value distance meta-trained on classic's meta-train side,
+#: one on CartPole-v1 alone, both judged on the meta-test side.
+MULTI_ENV = "multi_env_transfer.json"
+
+
+def render_multi_env(page: str) -> str:
+    """Per run of the study: P(improvement) on each meta-test environment, and the pooled
+    row over them (normalised IQM of both objectives, P(improvement) with its interval)."""
+    record = json.loads((RESULTS / MULTI_ENV).read_text(encoding="utf-8"))
+    runs = record["runs"]
+    environments = runs[0]["evaluation"]["meta_test_pooled"][0]["environments"]
+    head = ["meta-trained on", "evolution seed", "comparison", *environments,
+            "pooled: normalised IQM, evolved / baseline", "pooled P(improvement)", "record"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    first_run = True
+    for run in runs:
+        evaluation = run["evaluation"]
+        cells_of = {(row["environment"], row["baseline"]): row
+                    for row in evaluation["meta_test_rows"]}
+        for index, pooled in enumerate(evaluation["meta_test_pooled"]):
+            p, iqm = pooled["probability_of_improvement"], pooled["normalised_iqm"]
+            per_env = []
+            for env in environments:
+                row = cells_of[(env, pooled["baseline"])]
+                q = row["probability_of_improvement"]
+                per_env.append(Cell(q["probability_of_improvement"], q["low"], q["high"],
+                                    row["verdict"]).text())
+            lines.append("| " + " | ".join([
+                ", ".join(evaluation["trained_on"]) if index == 0 else "",
+                str(run["evolution_seed"]) if index == 0 else "",
+                f"{pooled['evolved']} vs {pooled['baseline']}", *per_env,
+                f"{iqm[pooled['evolved']]['value']:.2f} / {iqm[pooled['baseline']]['value']:.2f}",
+                f"{p['value']:.2f} [{p['low']:.2f}, {p['high']:.2f}]: **{pooled['verdict']}**",
+                _link(MULTI_ENV, page) if first_run and index == 0 else ""]) + " |")
+        first_run = False
+    return "\n".join(lines)
+
+
 SPECIAL = {
     "classic_calibration": ("docs/evidence/generalisation.md", render_classic_calibration),
     "suite_verdicts": ("docs/evidence/generalisation.md", render_suite_verdicts),
+    "multi_env": ("docs/evidence/generalisation.md", render_multi_env),
     "discovery_cost": ("docs/evidence/discovery-cost.md", render_discovery_cost),
     "pbt": ("docs/evidence/pbt.md", render_pbt),
     "cem_rl_dvd": ("docs/evidence/cem-rl-dvd.md", render_cem_rl_dvd),

@@ -31,15 +31,15 @@ between the two experiments. For the multi-environment run the two are the same 
 One evolution seed (the default) says how one search went; **three are needed before any
 claim** about meta-training on several environments.
 
-Expected cost on the 2-core CPU (nothing else running; estimated, not measured): the runs
-about 25-32 min (multi-environment) and 15-19 min (CartPole alone), from the experiment
-files' headers; the first evaluation with an empty store about 20 min (every environment
-compiles its programs: ``benchmarks/suite_evaluation.py`` measured 21 min alone for one
-tuned evaluation on classic, docs/results/suite_evaluation.json), later ones minutes (every
-run is judged on the same held-out seeds, so the baselines come from the store and the
-programs from the compilation cache beside it): about 1.5 h for the first evolution seed,
-about 1 h for each further one. The smoke took 43 min of wall at nice 19 beside another job
-(load 3-6): 12 min the first run, 28 min the first evaluation, 2 min the rest.
+Cost on the 2-core CPU, measured for evolution seed 0 (docs/results/multi_env_transfer.json):
+the multi-environment run 24 min of wall alone (1,405 s of generation steps), the CartPole
+run 387 s of generation steps, the first evaluation about 19 min from an empty store (every
+environment compiles its programs and trains every baseline), the second 153 s (80 of its 91
+trainings from the store): about 52 min in all. Each further evolution seed should take
+about 40 min (both runs, about 31 min, and two evaluations of a few minutes each whose
+baselines come from the store, since every run is judged on the same held-out seeds). The
+smoke took 43 min of wall at nice 19 beside another job (load 3-6): 12 min the first run,
+28 min the first evaluation, 2 min the rest.
 
     python benchmarks/studies/multi_env_transfer.py --evolution-seeds 3 \\
         --runs-dir runs/multi_env_transfer --out docs/results/multi_env_transfer.json
