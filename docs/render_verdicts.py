@@ -930,10 +930,52 @@ def render_multi_env(page: str) -> str:
     return "\n".join(lines)
 
 
+def render_multi_env_pooled(page: str) -> str:
+    """The multi-environment study pooled over evolution seeds and the meta-test
+    environments: each experiment against each tuned baseline, then the two experiments
+    against each other."""
+    record = json.loads((RESULTS / MULTI_ENV).read_text(encoding="utf-8"))
+    across = record["across_seeds"]
+    head = ["meta-trained on", "evolution seeds", "comparison",
+            "normalised IQM, evolved / baseline [95% CI]", "P(improvement)", "record"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    trained_on = {run["experiment"]: ", ".join(run["evaluation"]["trained_on"])
+                  for run in record["runs"]}
+
+    def interval(estimate: dict) -> str:
+        return f"{estimate['value']:.2f} [{estimate['low']:.2f}, {estimate['high']:.2f}]"
+
+    previous = None
+    for row in across["pooled"]:
+        p, iqm = row["probability_of_improvement"], row["normalised_iqm"]
+        first = row["experiment"] != previous
+        lines.append("| " + " | ".join([
+            trained_on[row["experiment"]] if first else "",
+            str(row["evolution_seeds"]) if first else "",
+            f"{row['evolved']} vs {row['baseline']}",
+            f"{interval(iqm[row['evolved']])} / {interval(iqm[row['baseline']])}",
+            f"{interval(p)}: **{row['verdict']}**",
+            _link(MULTI_ENV, page) if previous is None else ""]) + " |")
+        previous = row["experiment"]
+    duel = across["head_to_head"]
+    if duel:
+        p = duel["probability_of_improvement"]
+        each = "; ".join(f"seed {k}: {interval(seed['probability_of_improvement'])} "
+                         f"{seed['verdict']}"
+                         for k, seed in enumerate(duel["per_evolution_seed"]))
+        lines.append("| " + " | ".join([
+            f"{trained_on[duel['evolved']]}, against {trained_on[duel['baseline']]} alone",
+            str(duel["evolution_seeds"]), "evolved (tuned) vs evolved (tuned)",
+            f"per evolution seed: {each}", f"{interval(p)}: **{duel['verdict']}**",
+            ""]) + " |")
+    return "\n".join(lines)
+
+
 SPECIAL = {
     "classic_calibration": ("docs/evidence/generalisation.md", render_classic_calibration),
     "suite_verdicts": ("docs/evidence/generalisation.md", render_suite_verdicts),
     "multi_env": ("docs/evidence/generalisation.md", render_multi_env),
+    "multi_env_pooled": ("docs/evidence/generalisation.md", render_multi_env_pooled),
     "discovery_cost": ("docs/evidence/discovery-cost.md", render_discovery_cost),
     "pbt": ("docs/evidence/pbt.md", render_pbt),
     "cem_rl_dvd": ("docs/evidence/cem-rl-dvd.md", render_cem_rl_dvd),

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 from _subprocess_env import env_without_device_count, jax_cache_env
 
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
@@ -238,3 +239,55 @@ def test_the_judging_cost_study_counts_differing_numbers_but_not_timings():
     assert judging_cost.numbers_differing(record, rounded) == 2
     assert judging_cost.numbers_differing(record, {**record, "verdict": "worse"}) == 1
     assert judging_cost.numbers_differing(record, {"rows": []}) == 1  # another structure
+
+
+def _study_run(tmp_path, experiment, seed, evolved_shift, environments, held_out=16):
+    """One run of the multi-environment study as ``across_seeds`` reads it: an evaluation
+    record on disk whose tuned baselines score ``k + env`` on held-out seed ``k`` and
+    whose evolved row scores the same plus ``evolved_shift``; the untrained floor is -10."""
+    results = []
+    for index, env in enumerate(environments):
+        base = np.arange(held_out, dtype=float) + index
+        for name, shift in (("evolved", evolved_shift), ("ppo", 0.0), ("l2", 0.0)):
+            results.append({"objective": f"{name} (tuned)", "env_id": env,
+                            "returns": list(base + shift), "valid": [True] * held_out})
+    path = tmp_path / f"{experiment}_{seed}.json"
+    path.write_text(json.dumps({"results": results}))
+    rows = [{"environment": env, "untrained_iqm": -10.0} for env in environments]
+    return {"experiment": experiment, "evolution_seed": seed,
+            "evaluation": {"record": str(path), "eval_seed": 10007,
+                           "suite": {"test": environments}, "meta_test_rows": rows}}
+
+
+def test_the_multi_environment_study_pools_over_evolution_seeds_and_environments(tmp_path):
+    study = _load_benchmark("multi_env_transfer", STUDIES)
+    many, one = study.EXPERIMENTS
+    environments = ["Acrobot-v1", "Pendulum-v1"]
+    # planted: the multi-environment objective beats everything on every seed; the
+    # CartPole-only one equals the baselines on one evolution seed and loses on the other
+    runs = [_study_run(tmp_path, many, 0, 0.5, environments),
+            _study_run(tmp_path, one, 0, 0.0, environments),
+            _study_run(tmp_path, many, 1, 0.5, environments),
+            _study_run(tmp_path, one, 1, -0.5, environments)]
+    found = study.across_seeds(runs)
+    pooled = {(row["experiment"], row["baseline"]): row for row in found["pooled"]}
+    assert list(pooled) == [(many, "ppo (tuned)"), (many, "l2 (tuned)"),
+                            (one, "ppo (tuned)"), (one, "l2 (tuned)")]
+    better = pooled[(many, "ppo (tuned)")]
+    assert better["evolution_seeds"] == 2
+    assert better["probability_of_improvement"]["value"] == 1.0
+    assert better["verdict"] == "transfers"
+    # ties on seed 0 count a half, losses on seed 1 nothing: (0.5 + 0) / 2 over the strata
+    mixed = pooled[(one, "l2 (tuned)")]
+    assert mixed["probability_of_improvement"]["value"] == 0.25
+    assert mixed["verdict"] == "worse"
+    # the baseline normalised by itself sits at 1 (its IQM), the untrained floor at 0
+    assert pooled[(one, "l2 (tuned)")]["normalised_iqm"]["l2 (tuned)"]["value"] == (
+        pytest.approx(1.0, abs=0.05))
+    head = found["head_to_head"]
+    assert (head["evolved"], head["baseline"], head["evolution_seeds"]) == (many, one, 2)
+    assert head["probability_of_improvement"]["value"] == 1.0 and head["verdict"] == "better"
+    assert [seed["verdict"] for seed in head["per_evolution_seed"]] == ["better", "better"]
+    # runs judged on different held-out seeds cannot be pooled
+    runs[1]["evaluation"]["eval_seed"] = 10008
+    assert "different held-out roots" in study.across_seeds(runs)["skipped"]

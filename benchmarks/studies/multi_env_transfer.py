@@ -28,6 +28,13 @@ per-environment untrained-policy IQMs) over the meta-test side alone, the rows t
 between the two experiments. For the multi-environment run the two are the same rows
 (``meta_test_pooled_matches_record``).
 
+With several evolution seeds the output also holds ``across_seeds``: per experiment and
+tuned baseline, P(improvement) stratified over evolution seed x meta-test environment (each
+stratum paired on the held-out seeds, which every run shares) and the normalised IQM over
+all three; and ``head_to_head``, the multi-environment run of each evolution seed against
+the CartPole-only run of the same seed, pooled the same way (the study's question), with
+each evolution seed's own comparison beside it.
+
 One evolution seed (the default) says how one search went; **three are needed before any
 claim** about meta-training on several environments.
 
@@ -35,9 +42,10 @@ Cost on the 2-core CPU, measured for evolution seed 0 (docs/results/multi_env_tr
 the multi-environment run 24 min of wall alone (1,405 s of generation steps), the CartPole
 run 387 s of generation steps, the first evaluation about 19 min from an empty store (every
 environment compiles its programs and trains every baseline), the second 153 s (80 of its 91
-trainings from the store): about 52 min in all. Each further evolution seed should take
-about 40 min (both runs, about 31 min, and two evaluations of a few minutes each whose
-baselines come from the store, since every run is judged on the same held-out seeds). The
+trainings from the store): about 52 min in all. Seeds 1 and 2 took 31 and 28 min (the
+multi-environment runs 1,425 s and 702 s of wall, the first partly beside a test run, the
+CartPole runs 398 s and 379 s, each evaluation 172 to 210 s with 70 of its 91 trainings from
+the store, since every run is judged on the same held-out seeds). The
 smoke took 43 min of wall at nice 19 beside another job (load 3-6): 12 min the first run,
 28 min the first evaluation, 2 min the rest.
 
@@ -66,6 +74,8 @@ import tempfile
 import time
 from datetime import UTC, datetime
 from pathlib import Path
+
+import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
 SUITE = "classic"
@@ -185,6 +195,94 @@ def evaluate(run_dir: Path, store: Path, flags: list[str], log: list[dict]) -> d
     }
 
 
+def across_seeds(runs: list[dict]) -> dict:
+    """The meta-test side pooled over evolution seeds as well as environments: per
+    experiment and tuned baseline, P(improvement) stratified over (evolution seed,
+    environment) strata, each paired on the held-out seeds
+    (:func:`metarl.stats.stratified_probability_of_improvement`), and the IQM over seed x
+    environment x held-out seed of returns normalised per environment between the untrained
+    policy and the baseline (as the suite's pooled rows); then the two experiments against
+    each other, the multi-environment run of evolution seed k against the CartPole-only run
+    of seed k on the same held-out seeds: the study's question. Every run must have been
+    judged on the same held-out seeds (one ``eval_seed``)."""
+    from metarl.evolve.judging import TUNED, held_out_scores
+    from metarl.evolve.suite_verdicts import TRANSFERS
+    from metarl.stats import (
+        BETTER,
+        aggregate,
+        stratified_probability_of_improvement,
+        verdict,
+    )
+
+    roots = {run["evaluation"]["eval_seed"] for run in runs}
+    if len(roots) != 1:
+        return {"skipped": f"the runs were judged on different held-out roots {sorted(roots)}"}
+    scores: dict[str, list[dict]] = {}  # experiment -> per seed: objective -> env -> [S]
+    floors: dict[str, float] = {}
+    environments = list(runs[0]["evaluation"]["suite"]["test"])
+    for run in sorted(runs, key=lambda r: r["evolution_seed"]):
+        record = json.loads(Path(run["evaluation"]["record"]).read_text())
+        by_objective: dict[str, dict[str, np.ndarray]] = {}
+        for result in record["results"]:
+            if result["env_id"] in environments:
+                by_objective.setdefault(result["objective"], {})[result["env_id"]] = (
+                    held_out_scores(result))
+        scores.setdefault(run["experiment"], []).append(by_objective)
+        for row in run["evaluation"]["meta_test_rows"]:
+            floors[row["environment"]] = row["untrained_iqm"]
+
+    def stacked(experiment: str, objective: str) -> np.ndarray:  # [S, seeds x environments]
+        return np.stack([seed[objective][env] for seed in scores[experiment]
+                         for env in environments], axis=1)
+
+    def normalised(values: np.ndarray, baseline: np.ndarray) -> np.ndarray:
+        columns = []
+        for index in range(values.shape[1]):
+            floor = floors[environments[index % len(environments)]]
+            reference = aggregate(baseline[:, index]).value
+            columns.append((values[:, index] - floor) / (reference - floor))
+        out = np.stack(columns, axis=1)
+        return np.where(np.isfinite(out), out, 0.0)
+
+    def compare(x: np.ndarray, y: np.ndarray, better: str = BETTER) -> dict:
+        improvement = stratified_probability_of_improvement(x, y)
+        outcome = verdict(improvement.low, improvement.high)
+        return {"probability_of_improvement": improvement.to_dict(),
+                "verdict": better if outcome == BETTER else outcome}
+
+    evolved = "evolved" + TUNED
+    pooled = []
+    for experiment in EXPERIMENTS:
+        if experiment not in scores:
+            continue
+        mine = stacked(experiment, evolved)
+        baselines = [name for name in scores[experiment][0]  # the record's order
+                     if name.endswith(TUNED) and name != evolved]
+        for baseline in baselines:
+            theirs = stacked(experiment, baseline)
+            pooled.append({
+                "experiment": experiment, "evolution_seeds": len(scores[experiment]),
+                "evolved": evolved, "baseline": baseline,
+                "normalised_iqm": {evolved: aggregate(normalised(mine, theirs)).to_dict(),
+                                   baseline: aggregate(normalised(theirs, theirs)).to_dict()},
+                **compare(mine, theirs, TRANSFERS)})
+    head_to_head = None
+    if all(experiment in scores for experiment in EXPERIMENTS):
+        seeds = min(len(scores[experiment]) for experiment in EXPERIMENTS)
+        x, y = (np.stack([seed[evolved][env] for seed in scores[experiment][:seeds]
+                          for env in environments], axis=1) for experiment in EXPERIMENTS)
+        width = len(environments)  # each evolution seed's columns, in order
+        head_to_head = {"evolved": EXPERIMENTS[0], "baseline": EXPERIMENTS[1],
+                        "evolution_seeds": seeds, **compare(x, y),
+                        "per_evolution_seed": [
+                            compare(x[:, k * width:(k + 1) * width],
+                                    y[:, k * width:(k + 1) * width])
+                            for k in range(seeds)]}
+    return {"environments": environments, "eval_seed": roots.pop(),
+            "strata": "evolution seed x environment, paired on the held-out seeds",
+            "pooled": pooled, "head_to_head": head_to_head}
+
+
 def revision() -> str | None:
     done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
                           capture_output=True, text=True)
@@ -267,6 +365,7 @@ def main(argv: list[str] | None = None) -> int:
         "command": command_line("multi_env_transfer.py", argv),
         "commands": log,
         "runs": runs,
+        "across_seeds": across_seeds(runs),
         "conditions": conditions(date, load_start, started),
     }
     emit(result, args.out)
