@@ -288,6 +288,10 @@ def test_the_multi_environment_study_pools_over_evolution_seeds_and_environments
     assert (head["evolved"], head["baseline"], head["evolution_seeds"]) == (many, one, 2)
     assert head["probability_of_improvement"]["value"] == 1.0 and head["verdict"] == "better"
     assert [seed["verdict"] for seed in head["per_evolution_seed"]] == ["better", "better"]
+    # the figure: one interval per pooled row, the head-to-head and each evolution seed's
+    figure = study.plot_study({"across_seeds": found})
+    labels = [tick.get_text() for tick in figure.axes[0].get_yticklabels()]
+    assert len(labels) == 4 + 1 + 2 and labels[4].endswith("pooled")
     # runs judged on different held-out seeds cannot be pooled
     runs[1]["evaluation"]["eval_seed"] = 10008
     assert "different held-out roots" in study.across_seeds(runs)["skipped"]

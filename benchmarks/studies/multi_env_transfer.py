@@ -50,7 +50,11 @@ smoke took 43 min of wall at nice 19 beside another job (load 3-6): 12 min the f
 28 min the first evaluation, 2 min the rest.
 
     python benchmarks/studies/multi_env_transfer.py --evolution-seeds 3 \\
-        --runs-dir runs/multi_env_transfer --out docs/results/multi_env_transfer.json
+        --runs-dir runs/multi_env_transfer --out docs/results/multi_env_transfer.json \\
+        --figure docs/results/suites/multi_env_transfer.png
+    python benchmarks/studies/multi_env_transfer.py \\
+        --from-record docs/results/multi_env_transfer.json \\
+        --figure docs/results/suites/multi_env_transfer.png   # the figure alone
     python benchmarks/studies/multi_env_transfer.py --smoke --out /tmp/multi_env_smoke.json
 
 ``--smoke`` shrinks everything through ``--set`` (one generation of 2 candidates, one seed
@@ -283,6 +287,41 @@ def across_seeds(runs: list[dict]) -> dict:
             "pooled": pooled, "head_to_head": head_to_head}
 
 
+def plot_study(record: dict):
+    """The study's answer as interval estimates: P(improvement) pooled over evolution seed x
+    meta-test environment of each search over each tuned baseline, then of the
+    multi-environment search over the CartPole-only one, pooled and per evolution seed (0.5
+    dashed: no difference)."""
+    from metarl.figures.style import new_figure
+    from metarl.figures.suites import interval_bar
+
+    across = record["across_seeds"]
+    short = {EXPERIMENTS[0]: "3 environments", EXPERIMENTS[1]: "CartPole alone"}
+    rows = [(f"{short[row['experiment']]} vs {row['baseline']}",
+             row["probability_of_improvement"], "C0" if row["experiment"] == EXPERIMENTS[0]
+             else "C7") for row in across["pooled"]]
+    duel = across["head_to_head"]
+    if duel:
+        rows.append(("3 environments vs CartPole alone, pooled",
+                     duel["probability_of_improvement"], "C3"))
+        rows += [(f"  evolution seed {k}", seed["probability_of_improvement"], "C1")
+                 for k, seed in enumerate(duel["per_evolution_seed"])]
+    fig = new_figure(8.0, 1.0 + 0.42 * len(rows))
+    ax = fig.subplots()
+    for index, (_, estimate, colour) in enumerate(rows):
+        interval_bar(ax, index, estimate, colour)
+    ax.set_yticks(range(len(rows)), [label for label, _, _ in rows])
+    ax.invert_yaxis()
+    ax.axvline(0.5, color="grey", ls="--", lw=1)
+    ax.set_xlim(-0.03, 1.03)
+    seeds = max((row["evolution_seeds"] for row in across["pooled"]), default=0)
+    ax.set_xlabel(f"P(improvement) on the {len(across['environments'])} meta-test "
+                  f"environments, {seeds} evolution seeds")
+    fig.suptitle("A value distance meta-trained on classic's meta-train side "
+                 "or on CartPole alone", fontsize=10)
+    return fig
+
+
 def revision() -> str | None:
     done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
                           capture_output=True, text=True)
@@ -328,7 +367,16 @@ def main(argv: list[str] | None = None) -> int:
                         help="each metarl run/resume job's --time-limit (default 2h)")
     parser.add_argument("--smoke", action="store_true")
     parser.add_argument("--out", default=None)
+    parser.add_argument("--figure", default=None,
+                        help="also draw the study's intervals (plot_study) into this PNG")
+    parser.add_argument("--from-record", default=None,
+                        help="run nothing: draw --figure from this earlier output")
     args = parser.parse_args(argv)
+    if args.from_record:
+        if not args.figure:
+            parser.error("--from-record: give --figure too")
+        save_figure(json.loads(Path(args.from_record).read_text()), args.figure)
+        return 0
     if args.evolution_seeds < 1:
         parser.error("--evolution-seeds: at least 1")
 
@@ -369,7 +417,17 @@ def main(argv: list[str] | None = None) -> int:
         "conditions": conditions(date, load_start, started),
     }
     emit(result, args.out)
+    if args.figure:
+        save_figure(result, args.figure)
     return 0
+
+
+def save_figure(record: dict, path: str) -> None:
+    from metarl.figures.style import save_png
+
+    if not (record.get("across_seeds") or {}).get("pooled"):
+        raise SystemExit("the record has no pooled rows (across_seeds) to draw")
+    print(f"figure: {save_png(plot_study(record), path)}")
 
 
 if __name__ == "__main__":

@@ -14,10 +14,14 @@ from matplotlib.figure import Figure
 
 from metarl.figures.style import BASELINE_COLOURS, new_figure
 
-__all__ = ["plot_suite"]
+__all__ = ["interval_bar", "plot_suite"]
 
 
-def _bar(ax, y: float, estimate: Mapping[str, float] | None, colour: str, label=None) -> None:
+def interval_bar(ax, y: float, estimate: Mapping[str, float] | None, colour: str,
+                 label=None) -> None:
+    """One interval estimate on row ``y`` of ``ax``, as rliable draws them: a bar from
+    ``estimate["low"]`` to ``estimate["high"]``, a tick and a dot at ``estimate["value"]``;
+    nothing for a missing or non-finite estimate."""
     if not estimate or not np.isfinite(estimate.get("value", np.nan)):
         return
     low, high, value = estimate["low"], estimate["high"], estimate["value"]
@@ -47,10 +51,10 @@ def plot_suite(section: Mapping[str, Any], title: str | None = None) -> Figure:
                   for row in rows] + [f"pooled ({len(comparison['environments'])})"]
         for index, row in enumerate(rows):
             probability = row["probability_of_improvement"]
-            _bar(left, index, {"value": probability["probability_of_improvement"],
+            interval_bar(left, index, {"value": probability["probability_of_improvement"],
                                "low": probability["low"], "high": probability["high"]},
                  "C7" if row["trained_on"] else "C0")
-        _bar(left, len(rows), comparison["probability_of_improvement"], "C3")
+        interval_bar(left, len(rows), comparison["probability_of_improvement"], "C3")
         left.axvline(0.5, color="grey", ls="--", lw=1)
         left.set_yticks(range(len(labels)), labels)
         left.invert_yaxis()
@@ -59,7 +63,7 @@ def plot_suite(section: Mapping[str, Any], title: str | None = None) -> Figure:
         for index, name in enumerate((evolved, baseline)):
             colour = "C0" if index == 0 else BASELINE_COLOURS.get(
                 name.split(" ")[0], "C1")
-            _bar(right, index, comparison["normalised_iqm"].get(name), colour)
+            interval_bar(right, index, comparison["normalised_iqm"].get(name), colour)
         right.set_yticks([0, 1], [evolved, baseline])
         right.invert_yaxis()
         right.axvline(1.0, color="grey", ls="--", lw=1)
