@@ -201,80 +201,61 @@ def evaluate(run_dir: Path, store: Path, flags: list[str], log: list[dict]) -> d
 
 def across_seeds(runs: list[dict]) -> dict:
     """The meta-test side pooled over evolution seeds as well as environments: per
-    experiment and tuned baseline, P(improvement) stratified over (evolution seed,
-    environment) strata, each paired on the held-out seeds
-    (:func:`metarl.stats.stratified_probability_of_improvement`), and the IQM over seed x
-    environment x held-out seed of returns normalised per environment between the untrained
-    policy and the baseline (as the suite's pooled rows); then the two experiments against
-    each other, the multi-environment run of evolution seed k against the CartPole-only run
-    of seed k on the same held-out seeds: the study's question. Every run must have been
-    judged on the same held-out seeds (one ``eval_seed``)."""
+    experiment and tuned baseline, the suite's pooled row
+    (:func:`metarl.evolve.suite_verdicts.pooled_row`) over (evolution seed, environment)
+    strata, each paired on the held-out seeds and normalised between that environment's
+    untrained policy and the baseline; then the two experiments against each other, the
+    multi-environment run of evolution seed k against the CartPole-only run of seed k on the
+    same held-out seeds (the study's question), pooled and per evolution seed. Every run
+    must have been judged on the same held-out seeds (one ``eval_seed``)."""
     from metarl.evolve.judging import TUNED, held_out_scores
-    from metarl.evolve.suite_verdicts import TRANSFERS
-    from metarl.stats import (
-        BETTER,
-        aggregate,
-        stratified_probability_of_improvement,
-        verdict,
-    )
+    from metarl.evolve.suite_verdicts import pooled_row
+    from metarl.stats import stratified_probability_of_improvement, verdict
 
     roots = {run["evaluation"]["eval_seed"] for run in runs}
     if len(roots) != 1:
         return {"skipped": f"the runs were judged on different held-out roots {sorted(roots)}"}
-    scores: dict[str, list[dict]] = {}  # experiment -> per seed: objective -> env -> [S]
-    floors: dict[str, float] = {}
     environments = list(runs[0]["evaluation"]["suite"]["test"])
+    # experiment -> one stratum per (evolution seed, environment): label -> objective -> result
+    strata: dict[str, dict[str, dict[str, dict]]] = {}
+    floors: dict[str, dict] = {}  # stratum label -> the untrained policy's IQM, as a result
     for run in sorted(runs, key=lambda r: r["evolution_seed"]):
         record = json.loads(Path(run["evaluation"]["record"]).read_text())
-        by_objective: dict[str, dict[str, np.ndarray]] = {}
-        for result in record["results"]:
-            if result["env_id"] in environments:
-                by_objective.setdefault(result["objective"], {})[result["env_id"]] = (
-                    held_out_scores(result))
-        scores.setdefault(run["experiment"], []).append(by_objective)
-        for row in run["evaluation"]["meta_test_rows"]:
-            floors[row["environment"]] = row["untrained_iqm"]
-
-    def stacked(experiment: str, objective: str) -> np.ndarray:  # [S, seeds x environments]
-        return np.stack([seed[objective][env] for seed in scores[experiment]
-                         for env in environments], axis=1)
-
-    def normalised(values: np.ndarray, baseline: np.ndarray) -> np.ndarray:
-        columns = []
-        for index in range(values.shape[1]):
-            floor = floors[environments[index % len(environments)]]
-            reference = aggregate(baseline[:, index]).value
-            columns.append((values[:, index] - floor) / (reference - floor))
-        out = np.stack(columns, axis=1)
-        return np.where(np.isfinite(out), out, 0.0)
-
-    def compare(x: np.ndarray, y: np.ndarray, better: str = BETTER) -> dict:
-        improvement = stratified_probability_of_improvement(x, y)
-        outcome = verdict(improvement.low, improvement.high)
-        return {"probability_of_improvement": improvement.to_dict(),
-                "verdict": better if outcome == BETTER else outcome}
+        untrained = {row["environment"]: row["untrained_iqm"]
+                     for row in run["evaluation"]["meta_test_rows"]}
+        for env in environments:
+            label = f"{env} (evolution seed {run['evolution_seed']})"
+            strata.setdefault(run["experiment"], {})[label] = {
+                result["objective"]: result for result in record["results"]
+                if result["env_id"] == env}
+            floors[label] = {"returns": [untrained[env]]}
 
     evolved = "evolved" + TUNED
     pooled = []
     for experiment in EXPERIMENTS:
-        if experiment not in scores:
+        if experiment not in strata:
             continue
-        mine = stacked(experiment, evolved)
-        baselines = [name for name in scores[experiment][0]  # the record's order
+        by_label = strata[experiment]
+        labels = list(by_label)
+        baselines = [name for name in by_label[labels[0]]  # the record's order
                      if name.endswith(TUNED) and name != evolved]
-        for baseline in baselines:
-            theirs = stacked(experiment, baseline)
-            pooled.append({
-                "experiment": experiment, "evolution_seeds": len(scores[experiment]),
-                "evolved": evolved, "baseline": baseline,
-                "normalised_iqm": {evolved: aggregate(normalised(mine, theirs)).to_dict(),
-                                   baseline: aggregate(normalised(theirs, theirs)).to_dict()},
-                **compare(mine, theirs, TRANSFERS)})
+        pooled += [{"experiment": experiment,
+                    "evolution_seeds": len(labels) // len(environments),
+                    **pooled_row(evolved, baseline, labels, by_label, floors)}
+                   for baseline in baselines]
+
+    def compare(x: np.ndarray, y: np.ndarray) -> dict:
+        improvement = stratified_probability_of_improvement(x, y)
+        return {"probability_of_improvement": improvement.to_dict(),
+                "verdict": verdict(improvement.low, improvement.high)}
+
     head_to_head = None
-    if all(experiment in scores for experiment in EXPERIMENTS):
-        seeds = min(len(scores[experiment]) for experiment in EXPERIMENTS)
-        x, y = (np.stack([seed[evolved][env] for seed in scores[experiment][:seeds]
-                          for env in environments], axis=1) for experiment in EXPERIMENTS)
+    if all(experiment in strata for experiment in EXPERIMENTS):
+        seeds = min(len(strata[e]) for e in EXPERIMENTS) // len(environments)
+        x, y = (np.stack([held_out_scores(results[evolved])
+                          for results in list(strata[experiment].values())[
+                              :seeds * len(environments)]], axis=1)
+                for experiment in EXPERIMENTS)
         width = len(environments)  # each evolution seed's columns, in order
         head_to_head = {"evolved": EXPERIMENTS[0], "baseline": EXPERIMENTS[1],
                         "evolution_seeds": seeds, **compare(x, y),
@@ -285,7 +266,6 @@ def across_seeds(runs: list[dict]) -> dict:
     return {"environments": environments, "eval_seed": roots.pop(),
             "strata": "evolution seed x environment, paired on the held-out seeds",
             "pooled": pooled, "head_to_head": head_to_head}
-
 
 def plot_study(record: dict):
     """The study's answer as interval estimates: P(improvement) pooled over evolution seed x

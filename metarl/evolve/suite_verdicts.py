@@ -50,8 +50,8 @@ from metarl.stats import (
     verdict,
 )
 
-__all__ = ["NORMALISATION", "TRANSFERS", "UNTRAINED", "format_suite", "save_suite_figure",
-           "suite_figure_path", "suite_section", "untrained_hypers"]
+__all__ = ["NORMALISATION", "TRANSFERS", "UNTRAINED", "format_suite", "pooled_row",
+           "save_suite_figure", "suite_figure_path", "suite_section", "untrained_hypers"]
 
 UNTRAINED = "untrained policy"
 TRANSFERS = "transfers"
@@ -113,7 +113,7 @@ def suite_section(suite: Mapping[str, Any], results: Sequence[Mapping[str, Any]]
                 "verdict": comparison["verdict"],
                 "at_edge": _edges(tuning, label, evolved, baseline),
             })
-    pooled = [_pooled(evolved, baseline, pooled_over, by_env, untrained)
+    pooled = [pooled_row(evolved, baseline, pooled_over, by_env, untrained)
               for evolved, baseline in pairs]
     return {**suite, "normalisation": NORMALISATION, "pooled_over": pooled_over,
             "trained_on": [label for label in labels if label in trained_on],
@@ -133,9 +133,12 @@ def _edges(tuning, label, evolved, baseline) -> dict[str, dict[str, str]]:
     return found
 
 
-def _pooled(evolved: str, baseline: str, labels: Sequence[str],
-            by_env: Mapping[str, Mapping[str, Mapping[str, Any]]],
-            untrained: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+def pooled_row(evolved: str, baseline: str, labels: Sequence[str],
+               by_env: Mapping[str, Mapping[str, Mapping[str, Any]]],
+               untrained: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """One pooled comparison over the strata ``labels`` (module docstring): ``by_env``
+    label -> objective -> saved result, ``untrained`` label -> the untrained policy's saved
+    result (the floor of that label's normalisation)."""
     raw = {name: np.stack([held_out_scores(by_env[label][name]) for label in labels], axis=1)
            for name in (evolved, baseline)}  # [S, T]
     normalisable, left_out = [], []
