@@ -783,17 +783,21 @@ def _suite_judgement(path: str, discovery: str | None) -> dict | None:
                  if judged["discovery"] == discovery), None)
 
 
+def _estimate(estimate: dict | None, spec: str = ".2f") -> str:
+    """``value [low, high]`` of an interval estimate, each number formatted by ``spec``;
+    "—" for a missing one."""
+    if not estimate:
+        return "—"
+    return (f"{estimate['value']:{spec}} [{estimate['low']:{spec}}, "
+            f"{estimate['high']:{spec}}]")
+
+
 def render_suite_verdicts(page: str) -> str:
     """Per environment and pooled: the evolved objective's and the baseline's IQM and
     P(improvement) (tuned comparisons), from the suite benchmark's records."""
     head = ["discovery", "environment", "comparison", "IQM [95% CI]", "baseline IQM [95% CI]",
             "P(improvement)", "record"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-
-    def interval(estimate: dict | None) -> str:
-        if not estimate:
-            return "—"
-        return f"{estimate['value']:.3g} [{estimate['low']:.3g}, {estimate['high']:.3g}]"
 
     for label, path, discovery in SUITE_VERDICTS:
         record = _suite_judgement(path, discovery)
@@ -805,8 +809,8 @@ def render_suite_verdicts(page: str) -> str:
             lines.append("| " + " | ".join([
                 label if first else "",
                 row["environment"] + (" (trained on)" if row["trained_on"] else ""),
-                f"{row['evolved']} vs {row['baseline']}", interval(row["evolved_iqm"]),
-                interval(row["baseline_iqm"]),
+                f"{row['evolved']} vs {row['baseline']}", _estimate(row["evolved_iqm"], ".3g"),
+                _estimate(row["baseline_iqm"], ".3g"),
                 Cell(p["probability_of_improvement"], p["low"], p["high"],
                      row["verdict"]).text(),
                 _link(path, page) if first else ""]) + " |")
@@ -817,8 +821,9 @@ def render_suite_verdicts(page: str) -> str:
             lines.append("| " + " | ".join([
                 "", f"**pooled** over {len(pooled['environments'])} (normalised)",
                 f"{pooled['evolved']} vs {pooled['baseline']}",
-                interval(iqm.get(pooled["evolved"])), interval(iqm.get(pooled["baseline"])),
-                f"{p['value']:.2f} [{p['low']:.2f}, {p['high']:.2f}]: **{pooled['verdict']}**",
+                _estimate(iqm.get(pooled["evolved"]), ".3g"),
+                _estimate(iqm.get(pooled["baseline"]), ".3g"),
+                f"{_estimate(p)}: **{pooled['verdict']}**",
                 ""]) + " |")
     return "\n".join(lines)
 
@@ -872,16 +877,14 @@ def render_blog_claim(page: str) -> str:
     record = json.loads((RESULTS / BLOG_CLAIM).read_text(encoding="utf-8"))
     choices = record["tuned_choices"]
 
-    def interval(estimate: dict) -> str:
-        return f"{estimate['value']:.1f} [{estimate['low']:.1f}, {estimate['high']:.1f}]"
-
     first = True
     for measure, label in _MEASURES.items():
         judged = record["measures"][measure]
         for index, c in enumerate(judged["comparisons"]):
             lines.append("| " + " | ".join([
                 label if index == 0 else "", f"{c['evolved']} vs {c['baseline']}",
-                interval(judged["iqm"][c["evolved"]]), interval(judged["iqm"][c["baseline"]]),
+                _estimate(judged["iqm"][c["evolved"]], ".1f"),
+                _estimate(judged["iqm"][c["baseline"]], ".1f"),
                 Cell(c["value"], c["low"], c["high"], c["verdict"]).text(),
                 _link(BLOG_CLAIM, page) if first else ""]) + " |")
             first = False
@@ -924,7 +927,7 @@ def render_multi_env(page: str) -> str:
                 str(run["evolution_seed"]) if index == 0 else "",
                 f"{pooled['evolved']} vs {pooled['baseline']}", *per_env,
                 f"{iqm[pooled['evolved']]['value']:.2f} / {iqm[pooled['baseline']]['value']:.2f}",
-                f"{p['value']:.2f} [{p['low']:.2f}, {p['high']:.2f}]: **{pooled['verdict']}**",
+                f"{_estimate(p)}: **{pooled['verdict']}**",
                 _link(MULTI_ENV, page) if first_run and index == 0 else ""]) + " |")
         first_run = False
     return "\n".join(lines)
@@ -942,9 +945,6 @@ def render_multi_env_pooled(page: str) -> str:
     trained_on = {run["experiment"]: ", ".join(run["evaluation"]["trained_on"])
                   for run in record["runs"]}
 
-    def interval(estimate: dict) -> str:
-        return f"{estimate['value']:.2f} [{estimate['low']:.2f}, {estimate['high']:.2f}]"
-
     previous = None
     for row in across["pooled"]:
         p, iqm = row["probability_of_improvement"], row["normalised_iqm"]
@@ -953,20 +953,20 @@ def render_multi_env_pooled(page: str) -> str:
             trained_on[row["experiment"]] if first else "",
             str(row["evolution_seeds"]) if first else "",
             f"{row['evolved']} vs {row['baseline']}",
-            f"{interval(iqm[row['evolved']])} / {interval(iqm[row['baseline']])}",
-            f"{interval(p)}: **{row['verdict']}**",
+            f"{_estimate(iqm[row['evolved']])} / {_estimate(iqm[row['baseline']])}",
+            f"{_estimate(p)}: **{row['verdict']}**",
             _link(MULTI_ENV, page) if previous is None else ""]) + " |")
         previous = row["experiment"]
     duel = across["head_to_head"]
     if duel:
         p = duel["probability_of_improvement"]
-        each = "; ".join(f"seed {k}: {interval(seed['probability_of_improvement'])} "
+        each = "; ".join(f"seed {k}: {_estimate(seed['probability_of_improvement'])} "
                          f"{seed['verdict']}"
                          for k, seed in enumerate(duel["per_evolution_seed"]))
         lines.append("| " + " | ".join([
             f"{trained_on[duel['evolved']]}, against {trained_on[duel['baseline']]} alone",
             str(duel["evolution_seeds"]), "evolved (tuned) vs evolved (tuned)",
-            f"per evolution seed: {each}", f"{interval(p)}: **{duel['verdict']}**",
+            f"per evolution seed: {each}", f"{_estimate(p)}: **{duel['verdict']}**",
             ""]) + " |")
     return "\n".join(lines)
 

@@ -52,8 +52,8 @@ def plot_suite(section: Mapping[str, Any], title: str | None = None) -> Figure:
         for index, row in enumerate(rows):
             probability = row["probability_of_improvement"]
             interval_bar(left, index, {"value": probability["probability_of_improvement"],
-                               "low": probability["low"], "high": probability["high"]},
-                 "C7" if row["trained_on"] else "C0")
+                                       "low": probability["low"], "high": probability["high"]},
+                         "C7" if row["trained_on"] else "C0")
         interval_bar(left, len(rows), comparison["probability_of_improvement"], "C3")
         left.axvline(0.5, color="grey", ls="--", lw=1)
         left.set_yticks(range(len(labels)), labels)
