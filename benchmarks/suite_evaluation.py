@@ -12,6 +12,9 @@ at most 15 minutes from an empty store, at most a third of that with the baselin
     python benchmarks/suite_evaluation.py --out docs/results/suite_evaluation.json
     python benchmarks/suite_evaluation.py --smoke --out /tmp/suite_smoke.json
 
+Environments are judged two at a time (``--jobs 2``, one per core): one compiles, on one
+core, while the other trains.
+
 ``--smoke`` judges on a two-environment suite of a few thousand steps with 4 seeds, one
 baseline, 2 tuning seeds and one widening round, to check the script end to end. Prints one
 JSON document (and writes it with ``--out``).
@@ -79,6 +82,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--suite", default="classic")
     parser.add_argument("--seeds", type=int, default=16)
     parser.add_argument("--no-tune", action="store_true")
+    parser.add_argument("--jobs", type=int, default=2,
+                        help="environments judged at once (metarl evaluate --jobs; default "
+                             "2, one per core of the 2-core CPU)")
     parser.add_argument("--smoke", action="store_true")
     parser.add_argument("--out", default=None)
     parser.add_argument("--keep", default=None, metavar="DIR",
@@ -94,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
         smoke_module = work / "smoke_suite.py"
         smoke_module.write_text(SMOKE_SUITE.format(smoke=SMOKE))
     suite, seeds = ("smoke", 4) if args.smoke else (args.suite, args.seeds)
-    flags = [] if args.no_tune else ["--tune"]
+    flags = ["--jobs", str(args.jobs)] + ([] if args.no_tune else ["--tune"])
     if args.smoke and not args.no_tune:  # one baseline, 2 tuning seeds, one widening round
         flags += ["--baselines", "l2", "--tune-seeds", "2", "--tune-rounds", "1"]
     first, _ = materialise(args.discovery, args.keep or work / "first")
@@ -106,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     cached = _judge(second, store_dir, suite, seeds, flags, smoke_module)
     result = {
         "benchmark": "suite_evaluation", "discovery": args.discovery, "suite": suite,
-        "seeds": seeds, "tune": not args.no_tune, "smoke": args.smoke,
+        "seeds": seeds, "tune": not args.no_tune, "jobs": args.jobs, "smoke": args.smoke,
         "command": " ".join([sys.executable, *sys.argv]),
         "empty_store": empty, "stored_baselines": cached,
         "cached_fraction": round(cached["seconds"] / empty["seconds"], 3),

@@ -161,7 +161,7 @@ EVOLVE_ONLY_OPTIONS = (  # (flag, keyword of evaluate_run, default on the comman
     ("--tune-seed", "tune_seed", DEFAULT_TUNE_SEED), ("--tune-grid", "tune_grid", []),
     ("--tune-by", "tune_by", DEFAULT_TUNE_BY), ("--tune-rounds", "tune_rounds", 3),
     ("--across", "across", None), ("--distilled", "distilled", []), ("--start", "start", False),
-    ("--suite", "suite", None))
+    ("--suite", "suite", None), ("--jobs", "jobs", 1))
 
 
 def _evaluate(args) -> int:
@@ -617,6 +617,10 @@ def _add_reading_commands(commands) -> None:
                                "them) at its settings: per-environment verdicts, then one "
                                "pooled verdict over the environments the run never trained "
                                "on, and plots/suite_<n>.png")
+    evaluate.add_argument("--jobs", type=int, default=1, metavar="N",
+                          help="environments trained at once, each in a thread (default "
+                               "1): on a CPU one compiles while another trains; the "
+                               "results are those of one at a time")
     evaluate.add_argument("--cache-dir", default=None, metavar="DIR",
                           help="where trainings that do not depend on the evolved objective "
                                "(baselines, their tuning, the untrained policy) are kept and "

@@ -28,6 +28,7 @@ otherwise *no difference found*.
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
@@ -66,19 +67,22 @@ class Profile:
 
 
 NAN_ESTIMATE = Estimate(float("nan"), float("nan"), float("nan"))
+_GLOBAL_GENERATOR = threading.RLock()
 
 
 @contextlib.contextmanager
 def _seeded_global_generator(seed: int) -> Iterator[None]:
     """Seed NumPy's global generator (which rliable's bootstraps draw from) for the body,
-    then restore the state it had."""
+    then restore the state it had; one thread at a time (an evaluation judges several
+    environments at once), so that every interval is drawn from its own seed alone."""
     # the legacy global generator on purpose: it is the one rliable draws from
-    state = np.random.get_state()  # noqa: NPY002
-    np.random.seed(seed)  # noqa: NPY002
-    try:
-        yield
-    finally:
-        np.random.set_state(state)  # noqa: NPY002
+    with _GLOBAL_GENERATOR:
+        state = np.random.get_state()  # noqa: NPY002
+        np.random.seed(seed)  # noqa: NPY002
+        try:
+            yield
+        finally:
+            np.random.set_state(state)  # noqa: NPY002
 
 
 def _runs_by_tasks(scores) -> np.ndarray:

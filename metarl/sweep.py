@@ -29,6 +29,7 @@ from metarl.curves import compact_curves, record_text
 from metarl.evolve.config import ExperimentConfig
 from metarl.evolve.fitness import run_is_valid, run_return
 from metarl.evolve.generation import build_learner
+from metarl.programs import judging_compiler_options
 from metarl.stats import aggregate
 
 SWEEP_FILE = "sweep.json"
@@ -204,7 +205,8 @@ def train_sweep(learner, keys, hypers, fitness, meta_params=None, chunk_size="au
     if programs is not None and members in programs:
         compiled = programs[members]
     else:
-        compiled = jax.jit(sweep_program).lower(keys, meta_params, hypers).compile()
+        compiled = jax.jit(sweep_program, compiler_options=judging_compiler_options()).lower(
+            keys, meta_params, hypers).compile()
         if programs is not None:
             programs[members] = compiled
     compile_seconds = time.perf_counter() - started

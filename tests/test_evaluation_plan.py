@@ -11,11 +11,14 @@ training of the plan is real, and cheap.
 from __future__ import annotations
 
 import json
+import threading
+import time
 
 import jax
 import pytest
 from _evaluation_run import TINY
 
+from metarl.config import ConfigError
 from metarl.evolve.config import config_from_dict
 from metarl.evolve.engines import engine_of
 from metarl.evolve.evaluate import evaluation_tasks
@@ -118,3 +121,51 @@ def test_a_plan_executed_twice_with_one_store_trains_each_training_once(plan):
         *[(task, name) for task in TASKS for name in NAMES],
         *[(task, f"{name} (tuned)") for task in TASKS for name in NAMES]]
     assert list(report["tuning"]["environments"]) == TASKS
+
+
+def test_two_environments_trained_at_once_give_what_one_at_a_time_gives(plan):
+    one_at_a_time = train_plan(plan, TrainingStore())
+    store = CountingStore()
+    at_once = train_plan(plan, store, jobs=2)
+    assert list(at_once) == list(plan.trainings) and set(store.trained.values()) == {1}
+    assert _results(verdicts(plan, at_once)) == _results(verdicts(plan, one_at_a_time))
+    with pytest.raises(ConfigError, match="jobs: expected a whole number"):
+        train_plan(plan, store, jobs=0)
+
+
+def test_a_failing_environment_stops_the_other_after_its_training_which_is_kept(plan):
+    """The second task fails at its first training while the first is inside its own:
+    the error reaches the caller, the first task stops when that training ends, and a
+    later call trains only what is missing."""
+    first_task, failing_task = TASKS
+    failed = threading.Event()
+
+    class FailingStore(CountingStore):
+        def get(self, parts, compute, *codec):
+            if plan.tasks[failing_task] in parts and not failed.is_set():
+                failed.set()
+                raise RuntimeError("this environment failed")
+
+            def slow():  # still training when the failure reaches the caller
+                failed.wait(60)
+                time.sleep(2)
+                return compute()
+
+            return super().get(parts, slow, *codec)
+
+    store = FailingStore()
+    with pytest.raises(RuntimeError, match="this environment failed"):
+        train_plan(plan, store, jobs=2)
+    assert len(store.trained) == 1
+    kept = dict(store.trained)
+    train_plan(plan, store)
+    assert len(store.trained) == len(plan.trainings) and kept.items() <= store.trained.items()
+
+
+def _results(report):
+    """``report`` without what it says of time (seconds compiling and training)."""
+    if isinstance(report, dict):
+        return {k: _results(v) for k, v in report.items() if not k.endswith("_seconds")}
+    if isinstance(report, list):
+        return [_results(v) for v in report]
+    return report

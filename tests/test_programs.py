@@ -115,3 +115,23 @@ def test_evaluating_an_objective_again_compiles_nothing(tiny, compilations):
     again = evaluate()
     assert compilations.count() == before
     assert again.returns == first.returns
+
+
+def test_judging_compiles_at_level_1_on_a_cpu_unless_xla_flags_name_a_level(monkeypatch):
+    """XLA accepts the option (a misspelt one fails the compile), the user's level (or the
+    test suite's) wins, and the training store keys its entries by the choice."""
+    from metarl.evolve import store
+
+    monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_use_fusion_emitters=false")
+    options = programs.judging_compiler_options()
+    assert options == {"xla_backend_optimization_level": programs.JUDGING_CPU_LEVEL} == {
+        "xla_backend_optimization_level": 1}
+    assert float(jax.jit(lambda x: x + 1, compiler_options=options)(1.0)) == 2.0
+    versions = set()
+    for level in (1, 2):
+        monkeypatch.setattr(programs, "JUDGING_CPU_LEVEL", level)
+        monkeypatch.setattr(store, "_CODE_VERSION", None)
+        versions.add(store.code_version())
+    assert len(versions) == 2
+    monkeypatch.setenv("XLA_FLAGS", "--xla_backend_optimization_level=0")
+    assert programs.judging_compiler_options() is None

@@ -114,8 +114,9 @@ def evaluate_run(run_dir: str | Path, env_ids: list[str] | None = None, seeds: i
                  across: Mapping[str, Sequence[float]] | None = None,
                  distilled: Sequence[int] = (), tune_by: str = DEFAULT_TUNE_BY,
                  start: bool = False, tune_rounds: int = DEFAULT_TUNE_ROUNDS,
-                 suite: str | None = None, store: TrainingStore | None = None, *,
-                 avoid_roots_of: Sequence[str | Path] = ()) -> dict[str, Any]:
+                 suite: str | None = None, store: TrainingStore | None = None,
+                 jobs: int = 1, *, avoid_roots_of: Sequence[str | Path] = ()
+                 ) -> dict[str, Any]:
     """Evaluate a run's evolved objective against baselines; saves ``evaluations/<n>.json``.
 
     Evaluations accumulate (:mod:`metarl.runs.evaluations`): each is saved under the next
@@ -215,6 +216,9 @@ def evaluate_run(run_dir: str | Path, env_ids: list[str] | None = None, seeds: i
             of the suite at its settings (``env_ids`` and ``total_timesteps`` must not be
             given), and the record gets a ``suite`` section, the cross-environment verdicts
             of :mod:`metarl.evolve.suite_verdicts`.
+        jobs: environments trained at once, each in a thread
+            (:func:`metarl.evolve.plan.train_plan`): on a CPU, one compiles while another
+            trains. The results, and the record, are those of one at a time.
         avoid_roots_of: other run directories whose evaluations' held-out roots a fresh
             root also avoids (the other seeds and the parent of replicated evolution).
 
@@ -260,7 +264,7 @@ def evaluate_run(run_dir: str | Path, env_ids: list[str] | None = None, seeds: i
                            formulas=formulas, tune=settings, axis=axis, suite=suite_dict)
 
     def compute() -> dict[str, Any]:
-        trained = train_plan(plan, store)
+        trained = train_plan(plan, store, jobs)
         header = _report_header(run_dir, config, which, seeds, eval_seed, seen_by, held_out,
                                 not_reported)
         return {**header, **verdicts(plan, trained)}

@@ -24,17 +24,20 @@ a tuple of :class:`Training`, in this order:
 An evaluation of one environment or several, tuned or not, with its starting point, of
 several runs sharing one store (:func:`metarl.evolve.evaluate.evaluate_runs`) or of a suite
 is such a list. :func:`train_plan` trains it in that order, which puts every training after
-those it needs, through a :class:`~metarl.evolve.store.TrainingStore` for every training
-with a :attr:`Training.key`; :func:`metarl.evolve.verdicts.verdicts` judges what it
-returns.
+those it needs (all of its own task), through a
+:class:`~metarl.evolve.store.TrainingStore` for every training with a
+:attr:`Training.key`, several tasks at once if asked; :func:`metarl.evolve.verdicts.verdicts`
+judges what it returns.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import threading
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -259,25 +262,78 @@ def plan_evaluation(config: ExperimentConfig, tasks: Mapping[str, Any], objectiv
                           axis, suite)
 
 
-def train_plan(plan: EvaluationPlan, store: TrainingStore) -> dict[Training, Any]:
+def train_plan(plan: EvaluationPlan, store: TrainingStore, jobs: int = 1
+               ) -> dict[Training, Any]:
     """Every training of ``plan``, trained in the plan's order or found in ``store``:
     training -> its result, labelled by its task. A row (held out, distilled, untrained)
     is an :class:`~metarl.evolve.rows.ObjectiveResult`; a tuning search its record
     (:func:`metarl.evolve.tuning.tune_objective`); a tuned row ``(record with the
     settings it was balanced to, row)``; a curve across a knob its points
-    (:func:`metarl.evolve.across.evaluate_across`)."""
+    (:func:`metarl.evolve.across.evaluate_across`).
+
+    ``jobs`` tasks train at once, each in a thread of its own, its trainings in the plan's
+    order (a training needs only trainings of its own task). On a CPU, compiling a program
+    keeps one core busy while training keeps every core busy, so one task compiles while
+    another trains. Every result is the one trained alone. When a training fails or the
+    process is interrupted, the other tasks stop after the training they are in, which the
+    store keeps."""
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+        raise ConfigError(f"jobs: expected a whole number of tasks at once, at least 1, "
+                          f"got {jobs!r}")
+    by_task: dict[str, list[Training]] = {}
+    for training in plan.trainings:
+        by_task.setdefault(training.task, []).append(training)
     results: dict[Training, Any] = {}
-    for training in _with_progress(plan):
-        way = _WAYS[training.kind]
-        compute = functools.partial(way.train, training, plan, results)
-        if training.key is None:
-            answer = compute()
-        else:
-            key = tuple(_equal_budget(plan, results, training.task) if part is EQUAL_BUDGET
-                        else part for part in training.key)
-            answer = store.get(key, compute, way.encode, way.decode)
-        results[training] = way.label(answer, training.task)
-    return results
+    if jobs == 1 or len(by_task) < 2:
+        for training in _with_progress(plan):
+            results[training] = _train(training, plan, store, results)
+        return results
+
+    stop = threading.Event()
+
+    def train_task(trainings: list[Training]) -> dict[Training, Any]:
+        done: dict[Training, Any] = {}
+        for training in trainings:
+            if stop.is_set():
+                break
+            done[training] = _train(training, plan, store, done)
+        return done
+
+    with ThreadPoolExecutor(min(jobs, len(by_task)), "metarl-task") as pool, \
+            _progress_bar(len(by_task)) as bar:
+        futures = [pool.submit(train_task, trainings) for trainings in by_task.values()]
+        try:
+            for future in as_completed(futures):
+                results.update(future.result())
+                bar.update()
+        except BaseException:
+            stop.set()
+            for future in futures:
+                future.cancel()
+            raise
+    return {training: results[training] for training in plan.trainings}
+
+
+def _train(training: Training, plan: EvaluationPlan, store: TrainingStore,
+           results: Mapping[Training, Any]) -> Any:
+    """One training of ``plan`` (``results``: those of its task so far), trained or found
+    in ``store``, labelled by its task."""
+    way = _WAYS[training.kind]
+    compute = functools.partial(way.train, training, plan, results)
+    if training.key is None:
+        answer = compute()
+    else:
+        key = tuple(_equal_budget(plan, results, training.task) if part is EQUAL_BUDGET
+                    else part for part in training.key)
+        answer = store.get(key, compute, way.encode, way.decode)
+    return way.label(answer, training.task)
+
+
+def _progress_bar(total: int):
+    """A progress bar over ``total`` environments, shown on a terminal."""
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc="environments", unit="env", leave=False, disable=None)
 
 
 def _with_progress(plan: EvaluationPlan) -> Iterator[Training]:
@@ -287,11 +343,8 @@ def _with_progress(plan: EvaluationPlan) -> Iterator[Training]:
     if len(plan.tasks) < 2:
         yield from plan.trainings
         return
-    from tqdm.auto import tqdm
-
     left = Counter(t.task for t in plan.trainings if t.kind != ACROSS)
-    with tqdm(total=len(plan.tasks), desc="environments", unit="env", leave=False,
-              disable=None) as bar:
+    with _progress_bar(len(plan.tasks)) as bar:
         for training in plan.trainings:
             yield training
             if training.kind != ACROSS:

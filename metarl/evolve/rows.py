@@ -16,7 +16,7 @@ from metarl.evolve.config import FitnessConfig
 from metarl.evolve.fitness import run_is_valid, run_return
 from metarl.evolve.generation import build_learner
 from metarl.objectives import make_objective
-from metarl.programs import shared_program
+from metarl.programs import judging_compiler_options, shared_program
 from metarl.stats import aggregate
 
 __all__ = ["ObjectiveResult", "evaluate_objective", "fixed_objective", "row_of",
@@ -71,7 +71,8 @@ def evaluate_objective(objective, meta_params, inner, fitness: FitnessConfig,
     # policy (learning rate 0), the baselines of several runs and a run evaluated again
     # all reuse it (compiling dominates on a CPU).
     program = shared_program(("evaluate", objective, inner),
-                             lambda: jax.jit(jax.vmap(learner.train, in_axes=(0, None, None))))
+                             lambda: jax.jit(jax.vmap(learner.train, in_axes=(0, None, None)),
+                                             compiler_options=judging_compiler_options()))
     metrics = program(keys, meta_params, learner.default_hypers if hypers is None else hypers)
     returns = np.asarray(run_return(metrics, fitness))
     valid = np.asarray(run_is_valid(metrics, returns))

@@ -27,6 +27,7 @@ import hashlib
 import json
 import os
 import tempfile
+import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -46,16 +47,20 @@ _CODE_VERSION: str | None = None
 
 def code_version() -> str:
     """SHA-256 over the Python source of :data:`CODE_SOURCES` (relative path and bytes of
-    every ``.py`` file, in sorted order), the jax version, the default backend and
-    ``XLA_FLAGS``: a training stored under one code version is never returned to
-    another."""
+    every ``.py`` file, in sorted order), the jax version, the default backend,
+    ``XLA_FLAGS`` and the options judging compiles with
+    (:func:`metarl.programs.judging_compiler_options`): a training stored under one code
+    version is never returned to another."""
     global _CODE_VERSION
     if _CODE_VERSION is None:
         import jax
 
-        # XLA's flags change float rounding (the test suite compiles at another level)
+        from metarl.programs import judging_compiler_options
+
+        # XLA's flags and options change float rounding (the test suite compiles at
+        # another level)
         digest = hashlib.sha256(f"jax {jax.__version__} {jax.default_backend()} "
-                                f"{_rounding_flags()}".encode())
+                                f"{_rounding_flags()} {judging_compiler_options()}".encode())
         files = []
         for source in CODE_SOURCES:
             path = _ROOT / source
@@ -136,6 +141,7 @@ class TrainingStore:
     def __init__(self, directory: str | Path | None = None):
         self.directory = None if directory is None else Path(directory).expanduser()
         self._memory: dict[str, Any] = {}
+        self._lock = threading.Lock()
         self.hits = self.misses = self.damaged = 0
 
     @classmethod
@@ -156,17 +162,23 @@ class TrainingStore:
         what is returned is always ``decode(encode(result))``, so a fresh and a stored
         answer are the same objects."""
         key, plain = key_of(parts)
-        if key in self._memory:
-            self.hits += 1
-            return decode(self._memory[key])
+        # several environments may train at once, in threads, each its own keys: only the
+        # counts and the dictionary are shared
+        with self._lock:
+            payload = self._memory.get(key)
+            if payload is not None:
+                self.hits += 1
+                return decode(payload)
         payload = self._read(key)
         if payload is None:
-            self.misses += 1
             payload = json.loads(json.dumps(encode(compute())))
             self._write(key, plain, payload)
+            counted = "misses"
         else:
-            self.hits += 1
-        self._memory[key] = payload
+            counted = "hits"
+        with self._lock:
+            setattr(self, counted, getattr(self, counted) + 1)
+            self._memory[key] = payload
         return decode(payload)
 
     def _read(self, key: str) -> Any | None:
@@ -180,7 +192,8 @@ class TrainingStore:
                 return entry["payload"]
         except (OSError, ValueError, KeyError, TypeError):
             pass
-        self.damaged += 1
+        with self._lock:
+            self.damaged += 1
         return None
 
     def _write(self, key: str, plain: list[Any], payload: Any) -> None:
