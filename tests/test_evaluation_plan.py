@@ -27,6 +27,7 @@ from metarl.evolve.plan import (
     HELD_OUT,
     TUNED_HELD_OUT,
     TUNING,
+    UNTRAINED_ROW,
     Training,
     plan_evaluation,
     train_plan,
@@ -34,6 +35,7 @@ from metarl.evolve.plan import (
 )
 from metarl.evolve.rows import ObjectiveResult
 from metarl.evolve.store import TrainingStore, key_of, params_digest
+from metarl.evolve.suite_verdicts import UNTRAINED
 from metarl.evolve.verdicts import verdicts
 
 HELD_OUT_TASK = "CartPole-v1[length=1.0]"
@@ -59,8 +61,7 @@ class CountingStore(TrainingStore):
         return super().get(parts, counted, *codec)
 
 
-@pytest.fixture(scope="module")
-def plan():
+def make_plan(suite=None, grid=GRID):
     config = config_from_dict({**TINY, "held_out": [{**TINY["inner"],
                                                       "env_params": {"length": 1.0}}]})
     tasks = {label: inner.replace(total_timesteps=512)
@@ -68,9 +69,15 @@ def plan():
     objective = config.objective.build()
     evolved = objective.init(jax.random.PRNGKey(0))
     learned = {"evolved": evolved, "start": engine_of(config).search_start(objective, config)}
-    settings = tuning_settings(True, 2, 7, GRID, None, config, ["l2"], tasks, start=True,
+    settings = tuning_settings(True, 2, 7, grid, None, config, ["l2"], tasks, start=True,
                                tune_rounds=0)
-    return plan_evaluation(config, tasks, objective, learned, ["l2"], 2, 11, tune=settings)
+    return plan_evaluation(config, tasks, objective, learned, ["l2"], 2, 11, tune=settings,
+                           suite=suite)
+
+
+@pytest.fixture(scope="module")
+def plan():
+    return make_plan()
 
 
 def test_a_tuned_start_plan_over_two_environments_lists_every_training(plan):
@@ -169,3 +176,26 @@ def _results(report):
     if isinstance(report, list):
         return [_results(v) for v in report]
     return report
+
+
+def test_a_tuned_suite_trains_no_row_at_the_default_setting_it_never_judges(plan):
+    """Its verdicts are the tuned rows' alone; a tuned row that chose the default setting
+    (every one here: the grids hold the run's own setting only, vf_coef 0.5 and the run's
+    learning rate) trains that row itself, with the same returns the default row has."""
+    suite = make_plan({"name": "two", "version": 1, "train": [TASKS[0]], "test": [TASKS[1]]},
+                      grid={"learning_rate": [1.0], "vf_coef": [0.5]})
+    assert [(t.kind, t.name, t.task) for t in suite.trainings] == [
+        (kind, name, task) for task in TASKS
+        for kind, names in ((UNTRAINED_ROW, [UNTRAINED]), (TUNING, NAMES),
+                            (TUNED_HELD_OUT, NAMES)) for name in names]
+    trained = train_plan(suite, TrainingStore())
+    defaults = train_plan(plan, TrainingStore())
+    for task in TASKS:
+        for name in NAMES:
+            record, row = trained[Training(TUNED_HELD_OUT, name, task)]
+            assert record["held_out_at_default"]
+            assert row.returns == defaults[Training(HELD_OUT, name, task)].returns
+            assert (row.objective, row.env_id) == (f"{name} (tuned)", task)
+    section = verdicts(suite, trained)["suite"]
+    assert {(r["evolved"], r["baseline"]) for r in section["environments"]} == {
+        ("evolved (tuned)", "start (tuned)"), ("evolved (tuned)", "l2 (tuned)")}

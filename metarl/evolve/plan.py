@@ -12,11 +12,12 @@ a tuple of :class:`Training`, in this order:
     normalises by;
   - the held-out rows at the default setting (:data:`HELD_OUT`): the evolved objective's,
     with ``start`` the search's starting point's, every baseline's, then every distilled
-    formula's;
+    formula's; a tuned suite, whose verdicts are the tuned rows', has the formulas' alone
+    (and with them the rest);
   - with tuning, every objective's tuning search (:data:`TUNING`), then every objective's
     held-out row at the setting its search chose (:data:`TUNED_HELD_OUT`): that one needs
-    its own search and default row, and every search of its task, since each objective is
-    balanced to the settings of the widest one (the equal budget);
+    its own search and default row (where the plan has one), and every search of its task,
+    since each objective is balanced to the settings of the widest one (the equal budget);
 
 - then per task the curves across a knob (:data:`ACROSS`): the evolved objective's and
   every baseline's.
@@ -223,6 +224,10 @@ def plan_evaluation(config: ExperimentConfig, tasks: Mapping[str, Any], objectiv
     """
     part = config_part(config)
     digests = {name: params_digest(params) for name, params in learned.items()}
+    # A tuned suite judges its tuned rows alone (metarl.evolve.suite_verdicts): rows at
+    # the default setting would be trained for no verdict. A distilled formula is judged
+    # against the evolved objective's default row, so it keeps them.
+    at_default = suite is None or tune is None or bool(formulas)
 
     def make(kind: str, name: str, task: str, *parts, search=None, stored=True):
         if name in learned:
@@ -239,8 +244,9 @@ def plan_evaluation(config: ExperimentConfig, tasks: Mapping[str, Any], objectiv
             trainings.append(Training(UNTRAINED_ROW, UNTRAINED, task, inner,
                                       fixed_objective("ppo"),
                                       key=(UNTRAINED_ROW, inner, part, seeds, eval_seed)))
-        trainings += [make(HELD_OUT, name, task, inner, seeds, eval_seed)
-                      for name in (*learned, *baselines)]
+        if at_default:
+            trainings += [make(HELD_OUT, name, task, inner, seeds, eval_seed)
+                          for name in (*learned, *baselines)]
         # a formula's row and the evolved curve across a knob were never stored: they
         # stay out, so that the store holds what it always held
         trainings += [Training(HELD_OUT, label, task, inner,
@@ -272,7 +278,8 @@ def train_plan(plan: EvaluationPlan, store: TrainingStore, jobs: int = 1
     (:func:`metarl.evolve.across.evaluate_across`).
 
     ``jobs`` tasks train at once, each in a thread of its own, its trainings in the plan's
-    order (a training needs only trainings of its own task). On a CPU, compiling a program
+    order (a training needs only trainings of its own task), the tasks with the most
+    sequential steps first. On a CPU, compiling a program
     keeps one core busy while training keeps every core busy, so one task compiles while
     another trains. Every result is the one trained alone. When a training fails or the
     process is interrupted, the other tasks stop after the training they are in, which the
@@ -299,9 +306,12 @@ def train_plan(plan: EvaluationPlan, store: TrainingStore, jobs: int = 1
             done[training] = _train(training, plan, store, done)
         return done
 
+    # the dearest tasks first, so that the last to finish is a cheap one rather than one
+    # that then trains alone while the other cores wait
+    order = sorted(by_task, key=lambda task: -_sequential_steps(plan.tasks[task]))
     with ThreadPoolExecutor(min(jobs, len(by_task)), "metarl-task") as pool, \
             _progress_bar(len(by_task)) as bar:
-        futures = [pool.submit(train_task, trainings) for trainings in by_task.values()]
+        futures = [pool.submit(train_task, by_task[task]) for task in order]
         try:
             for future in as_completed(futures):
                 results.update(future.result())
@@ -312,6 +322,12 @@ def train_plan(plan: EvaluationPlan, store: TrainingStore, jobs: int = 1
                 future.cancel()
             raise
     return {training: results[training] for training in plan.trainings}
+
+
+def _sequential_steps(inner) -> int:
+    """Steps one environment of a task's agent takes one after another (its budget over
+    its environments in parallel): what a task's training time grows with."""
+    return inner.total_timesteps // max(1, getattr(inner, "num_envs", 1))
 
 
 def _train(training: Training, plan: EvaluationPlan, store: TrainingStore,
@@ -395,7 +411,8 @@ def _tuned_row(training: Training, plan: EvaluationPlan, results
     """The objective's search balanced to the equal budget
     (:func:`metarl.evolve.tuning.balance_objective`), and its row on the held-out seeds at
     the setting that chose: ``(record, "<objective> (tuned)" row)``. A choice equal to the
-    default setting reuses the default row (the same keys and settings)."""
+    default setting reuses the default row (the same keys and settings), or trains it
+    where the plan has none."""
     settings, run, name = plan.tuning, plan.config.run, training.name
     record = dict(tuning.balance_objective(
         training.search, results[Training(TUNING, name, training.task)],
@@ -407,7 +424,9 @@ def _tuned_row(training: Training, plan: EvaluationPlan, results
         training.search, record, build_learner(training.inner, objective), name)
     record["held_out_at_default"] = is_default
     if is_default:
-        default_row = results[Training(HELD_OUT, name, training.task)]
+        default_row = results.get(Training(HELD_OUT, name, training.task))
+        if default_row is None:  # a tuned suite trains no default rows: this one trains it
+            default_row = _held_out_row(training, plan, results)
         return record, dataclasses.replace(default_row, objective=name + TUNED)
     if options:
         objective = make_objective(name, **options)
