@@ -26,6 +26,7 @@ import argparse
 import json
 import os
 import platform
+import resource
 import shutil
 import subprocess
 import sys
@@ -62,18 +63,25 @@ def _judge(run_dir: Path, store_dir: Path, suite: str, seeds: int, flags: list[s
                                              env.get("PYTHONPATH", "")])
         command = [sys.executable, "-c", "import smoke_suite, sys; from metarl.cli import main; "
                    f"sys.exit(main({command[1:]!r}))"]
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), _children_cpu_seconds()
     done = subprocess.run(command, capture_output=True, text=True, env=env)
-    seconds = time.perf_counter() - started
+    seconds, cpu = time.perf_counter() - started, _children_cpu_seconds() - cpu
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(command)} failed:\n{done.stderr[-3000:]}")
     summary = [line for line in done.stdout.splitlines() if line.startswith("training store")]
     record = max((run_dir / "evaluations").glob("*.json"), key=lambda p: int(p.stem))
     report = json.loads(record.read_text())
-    return {"seconds": round(seconds, 1), "store": summary[-1] if summary else None,
+    return {"seconds": round(seconds, 1), "cpu_seconds": round(cpu, 1),
+            "store": summary[-1] if summary else None,
             "record": str(record), "eval_seed": report["eval_seed"],
             "environments": report["suite"]["environments"],
             "pooled": report["suite"]["pooled"]}
+
+
+def _children_cpu_seconds() -> float:
+    """User and system CPU seconds of this process's finished child processes."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -305,14 +305,16 @@ def test_widening_rounds_and_balancing_reuse_one_compiled_sweep(compilations):
 
 
 def test_padding_reuses_a_compiled_size_only_while_its_extra_training_is_small():
-    """A 1-setting round of a long training (the blog's 5e5 steps x 8 seeds) compiles its
-    own program instead of training eleven repeats; a short one reuses the compiled grid."""
-    from metarl.evolve.tuning import padded_size
+    """A 1-setting round of a longer training (classic's CartPole: 25,600 steps x 8 seeds)
+    compiles its own program instead of training eleven repeats; a short one reuses the
+    compiled grid."""
+    from metarl.evolve.tuning import PAD_AGENT_STEPS, padded_size
 
+    assert PAD_AGENT_STEPS == 500_000
     compiled = {12 * 8, 4 * 8}  # member counts: a 12-setting and a 4-setting program
-    assert padded_size(1, 8, 500_000, compiled) == 1
-    assert padded_size(3, 8, 500_000, compiled) == 4  # one extra setting: 4e6 agent-steps
-    assert padded_size(3, 8, 500_001, compiled) == 3
+    assert padded_size(1, 8, 25_600, compiled) == 1
+    assert padded_size(3, 8, 62_500, compiled) == 4  # one extra setting: 5e5 agent-steps
+    assert padded_size(3, 8, 62_501, compiled) == 3
     assert padded_size(1, 8, 192, compiled) == 4  # the smallest size that holds them
     assert padded_size(5, 8, 192, compiled) == 12
     assert padded_size(13, 8, 192, compiled) == 13  # larger than any compiled program

@@ -13,9 +13,13 @@ trainings the store made. What is neither compiling, tracing nor lowering (``res
 trainings themselves and the statistics around them. Compiling runs on one thread, training
 on every core, so ``compile_share`` is of the wall time.
 
-The XLA settings: ``default`` (what ``metarl evaluate`` compiles with) and ``level1`` (XLA's
-backend optimisation level 1, ``XLA_FLAGS=--xla_backend_optimization_level=1``, which the
-learning checks of the test suite use). For each environment the output says whether the
+The XLA settings: ``default`` (no ``XLA_FLAGS``: what ``metarl evaluate`` compiles with,
+which since a767e5d is backend optimisation level 1 on a CPU,
+:func:`metarl.programs.judging_compiler_options`; XLA's own default, level 3, before) and
+``level1`` (``XLA_FLAGS=--xla_backend_optimization_level=1``, which the learning checks of
+the test suite use) or ``level3`` (``XLA_FLAGS=--xla_backend_optimization_level=3``, XLA's
+default, which judging compiled with before). The committed record was made at 580298b,
+when ``default`` meant level 3. For each environment the output says whether the
 two settings' evaluation records hold equal numbers (``records_equal``) and how many
 numbers differ, timings apart.
 
@@ -25,8 +29,9 @@ numbers differ, timings apart.
 ``--smoke``: one environment at a few thousand steps (``benchmarks/suite_evaluation.py``'s
 smoke settings), 4 held-out seeds, PPO alone as the baseline, 2 tuning seeds, one widening
 round, the default XLA setting only: about a minute. The full study took 8 min 14 s on the
-2-core CPU alone (2026-11-29): DiscountingChain-bsuite 70 s and 56 s, Pendulum-v1 (the
-dearest environment of ``classic``) 197 s and 164 s, at the default setting and at level 1.
+2-core CPU alone at 580298b (2026-11-29): DiscountingChain-bsuite 70 s and 56 s,
+Pendulum-v1 (the dearest environment of ``classic``) 197 s and 164 s, at the default
+setting (then level 3) and at level 1.
 """
 
 from __future__ import annotations
@@ -47,7 +52,8 @@ sys.path.insert(0, str(ROOT / "benchmarks" / "studies"))
 from multi_env_transfer import command_line, conditions, emit, evaluation_output, failed  # noqa: E402
 from suite_evaluation import SMOKE  # noqa: E402
 
-XLA_SETTINGS = {"default": "", "level1": "--xla_backend_optimization_level=1"}
+XLA_SETTINGS = {"default": "", "level1": "--xla_backend_optimization_level=1",
+                "level3": "--xla_backend_optimization_level=3"}
 ENVIRONMENTS = ("DiscountingChain-bsuite", "Pendulum-v1")
 SMOKE_FLAGS = ("--seeds", "4", "--baselines", "ppo", "--tune-seeds", "2",
                "--tune-rounds", "1")
@@ -151,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--suite", default="classic")
     parser.add_argument("--environments", nargs="+", default=list(ENVIRONMENTS))
     parser.add_argument("--xla", nargs="+", choices=sorted(XLA_SETTINGS),
-                        default=["default", "level1"])
+                        default=["level3", "default"])
     parser.add_argument("--seeds", type=int, default=16)
     parser.add_argument("--smoke", action="store_true")
     parser.add_argument("--out", default=None)

@@ -666,10 +666,11 @@ def _scorer(plan: TuningPlan, objective, inner, fitness, seeds: int, tune_seed: 
     # A widening round or the balancing adds fewer settings than the declared grid. Where
     # training is short, compiling a program for that size costs more than training repeats
     # of its first setting in a program already compiled, so such a call is padded up to
-    # the smallest compiled size whose extra members train at most PAD_AGENT_STEPS; a long
-    # training (the blog's 5e5 steps) gets a program of its own size instead. Padding
-    # changes what a call costs, not its results: a member trains alike whatever the size of
-    # its program (a small PPO's first 8 members at 8, 16 and 24: equal to the bit).
+    # the smallest compiled size whose extra members train at most PAD_AGENT_STEPS; a longer
+    # training gets a program of its own size instead. The choice depends on the sizes and
+    # the sizes compiled before alone, never on timings: a member's result can differ in
+    # float rounding with the size of its program (PPO on classic's CartPole at level 1,
+    # 8 members alone or first of 40), so the same judgement pads, and rounds, alike.
     programs: dict[int, Any] = shared_program(
         ("tuning sweep", objective, inner, fitness.metric, fitness.final_fraction, seeds,
          chunk_size, mesh), dict)
@@ -703,9 +704,12 @@ def _scorer(plan: TuningPlan, objective, inner, fitness, seeds: int, tune_seed: 
 
 
 #: The most agent-steps of padding a tuning call trains to reuse a compiled program rather
-#: than compile one of its own size (about the agent-steps a CPU core trains in the time a
-#: sweep program takes to compile).
-PAD_AGENT_STEPS = 4_000_000
+#: than compile one of its own size: about what the 2-core CPU trains in the CPU time a
+#: small sweep program takes to compile at judging's XLA level (4.5 s of one core; PPO at
+#: ``classic``'s CartPole settings trains 245k agent-steps/s on both cores). The earlier
+#: 4e6 padded CartPole's one-setting widening rounds to its whole 12-setting grid: 10 s of
+#: both cores where compiling its own program and training it took 5.6 s of one.
+PAD_AGENT_STEPS = 500_000
 
 
 def padded_size(settings: int, seeds: int, steps_per_agent: int, compiled_members,
