@@ -145,7 +145,7 @@ def test_a_failing_environment_stops_the_other_after_its_training_which_is_kept(
     the error reaches the caller, the first task stops when that training ends, and a
     later call trains only what is missing."""
     first_task, failing_task = TASKS
-    failed = threading.Event()
+    failed, waited = threading.Event(), threading.Event()
 
     class FailingStore(CountingStore):
         def get(self, parts, compute, *codec):
@@ -153,9 +153,11 @@ def test_a_failing_environment_stops_the_other_after_its_training_which_is_kept(
                 failed.set()
                 raise RuntimeError("this environment failed")
 
-            def slow():  # still training when the failure reaches the caller
-                failed.wait(60)
-                time.sleep(2)
+            def slow():  # the first: still training when the failure reaches the caller
+                if not waited.is_set():
+                    waited.set()
+                    failed.wait(60)
+                    time.sleep(2)
                 return compute()
 
             return super().get(parts, slow, *codec)
