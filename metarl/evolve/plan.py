@@ -279,11 +279,10 @@ def train_plan(plan: EvaluationPlan, store: TrainingStore, jobs: int = 1
 
     ``jobs`` tasks train at once, each in a thread of its own, its trainings in the plan's
     order (a training needs only trainings of its own task), the tasks with the most
-    sequential steps first. On a CPU, compiling a program
-    keeps one core busy while training keeps every core busy, so one task compiles while
-    another trains. Every result is the one trained alone. When a training fails or the
-    process is interrupted, the other tasks stop after the training they are in, which the
-    store keeps."""
+    sequential steps first. On a CPU, compiling a program keeps one core busy while
+    training keeps every core busy, so one task compiles while another trains. Every
+    result is the one trained alone. When a training fails or the process is interrupted,
+    the other tasks stop after the training they are in, which the store keeps."""
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
         raise ConfigError(f"jobs: expected a whole number of tasks at once, at least 1, "
                           f"got {jobs!r}")
