@@ -80,6 +80,12 @@ def plan():
     return make_plan()
 
 
+@pytest.fixture(scope="module")
+def one_at_a_time(plan):
+    """Every training of ``plan``, one environment after the other."""
+    return train_plan(plan, TrainingStore())
+
+
 def test_a_tuned_start_plan_over_two_environments_lists_every_training(plan):
     expected = [(kind, name, task) for task in TASKS
                 for kind in (HELD_OUT, TUNING, TUNED_HELD_OUT) for name in NAMES]
@@ -130,8 +136,7 @@ def test_a_plan_executed_twice_with_one_store_trains_each_training_once(plan):
     assert list(report["tuning"]["environments"]) == TASKS
 
 
-def test_two_environments_trained_at_once_give_what_one_at_a_time_gives(plan):
-    one_at_a_time = train_plan(plan, TrainingStore())
+def test_two_environments_trained_at_once_give_what_one_at_a_time_gives(plan, one_at_a_time):
     store = CountingStore()
     at_once = train_plan(plan, store, jobs=2)
     assert list(at_once) == list(plan.trainings) and set(store.trained.values()) == {1}
@@ -180,7 +185,7 @@ def _results(report):
     return report
 
 
-def test_a_tuned_suite_trains_no_row_at_the_default_setting_it_never_judges(plan):
+def test_a_tuned_suite_trains_no_row_at_the_default_setting_it_never_judges(one_at_a_time):
     """Its verdicts are the tuned rows' alone; a tuned row that chose the default setting
     (every one here: the grids hold the run's own setting only, vf_coef 0.5 and the run's
     learning rate) trains that row itself, with the same returns the default row has."""
@@ -191,12 +196,11 @@ def test_a_tuned_suite_trains_no_row_at_the_default_setting_it_never_judges(plan
         for kind, names in ((UNTRAINED_ROW, [UNTRAINED]), (TUNING, NAMES),
                             (TUNED_HELD_OUT, NAMES)) for name in names]
     trained = train_plan(suite, TrainingStore())
-    defaults = train_plan(plan, TrainingStore())
     for task in TASKS:
         for name in NAMES:
             record, row = trained[Training(TUNED_HELD_OUT, name, task)]
             assert record["held_out_at_default"]
-            assert row.returns == defaults[Training(HELD_OUT, name, task)].returns
+            assert row.returns == one_at_a_time[Training(HELD_OUT, name, task)].returns
             assert (row.objective, row.env_id) == (f"{name} (tuned)", task)
     section = verdicts(suite, trained)["suite"]
     assert {(r["evolved"], r["baseline"]) for r in section["environments"]} == {
