@@ -304,6 +304,45 @@ def test_widening_rounds_and_balancing_reuse_one_compiled_sweep(compilations):
     assert sweeps() - before == 1
 
 
+def test_a_search_balanced_in_a_new_process_pads_as_the_one_that_made_it(monkeypatch):
+    """A member's result can differ in float rounding with its program's size, so a search
+    read from the store and balanced where nothing was compiled yet must pad to the sizes
+    its own rounds trained at, not to whatever the process holds."""
+    from inner_loops import PPOConfig
+    from metarl import programs
+    from metarl.evolve import tuning
+    from metarl.evolve.config import FitnessConfig
+
+    inner = PPOConfig(num_envs=4, num_steps=16, total_timesteps=4 * 16 * 3, hidden_sizes=(8,),
+                      update_epochs=1, num_minibatches=1)
+    plan = tuning.objective_plan("l2", inner, {"learning_rate": (0.01, 0.03),
+                                               "vf_coef": (0.5,)})
+    objective = make_objective("l2")
+    members = []
+    train_sweep = tuning.train_sweep
+
+    def counted(learner, keys, *args):
+        members.append(int(keys.shape[0]))
+        return train_sweep(learner, keys, *args)
+
+    monkeypatch.setattr(tuning, "train_sweep", counted)
+    record = tuning.tune_objective(plan, objective, inner, FitnessConfig(), 2, 5, rounds=2)
+    searched = set(members)
+    assert searched == {4}  # the 2-setting grid; its widening rounds padded up to it
+    balance = [plan, record, record["budget"]["settings"] + 1, objective, inner,
+               FitnessConfig(), 2, 5]
+    here = tuning.balance_objective(*balance)
+    monkeypatch.setattr(programs, "_PROGRAMS", type(programs._PROGRAMS)())  # a new process
+    members.clear()
+    elsewhere = tuning.balance_objective(*balance)
+    assert set(members) <= searched
+    assert _without_timings(elsewhere) == _without_timings(here)
+
+
+def _without_timings(record):
+    return {k: v for k, v in record.items() if not k.endswith("_seconds")}
+
+
 def test_padding_reuses_a_compiled_size_only_while_its_extra_training_is_small():
     """A 1-setting round of a longer training (classic's CartPole: 25,600 steps x 8 seeds)
     compiles its own program instead of training eleven repeats; a short one reuses the

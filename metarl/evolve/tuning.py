@@ -435,7 +435,7 @@ def tune_objective(plan: TuningPlan, objective, inner, fitness, seeds: int, tune
                 "settings": [], "chosen": {}, "chosen_index": None}
     timing = {"compile_seconds": 0.0, "train_seconds": 0.0}
     score = _scorer(plan, objective, inner, fitness, seeds, tune_seed, meta_params,
-                    chunk_size, mesh, timing)
+                    chunk_size, mesh, timing, set())
     allows = _allows(plan, inner, objective)
     ratios = plan.widen_ratios
     search = widen(plan.grid, score, allows, rounds, tune_by, ratios)
@@ -455,8 +455,9 @@ def balance_objective(plan: TuningPlan, record: dict[str, Any], count: int, obje
     tune_by = tune_by_of(record)
     timing = {"compile_seconds": record.get("compile_seconds", 0.0),
               "train_seconds": record.get("train_seconds", 0.0)}
+    steps = build_learner(inner, objective).steps_per_agent
     score = _scorer(plan, objective, inner, fitness, seeds, tune_seed, meta_params,
-                    chunk_size, mesh, timing)
+                    chunk_size, mesh, timing, _sizes_used(record, seeds, steps))
     allows = _allows(plan, inner, objective)
     balanced = balance(_search_of(record), score, count, allows, tune_by)
     base = {key: record[key] for key in ("tune_by", "relative_to", "skipped")}
@@ -655,22 +656,37 @@ def _search_record(base: dict[str, Any], search: Search, tune_by: str, seeds: in
     return record
 
 
+def _sizes_used(record: Mapping[str, Any], seeds: int, steps_per_agent: int) -> set[int]:
+    """The member counts a search's rounds trained at (``record`` from
+    :func:`tune_objective`), replayed by the rule its scorer followed."""
+    sizes: set[int] = set()
+    for entry in record["rounds"]:
+        added = entry["added"]
+        count = added if isinstance(added, int) else len(added)
+        sizes.add(padded_size(count, seeds, steps_per_agent, sizes) * seeds)
+    return sizes
+
+
 def _scorer(plan: TuningPlan, objective, inner, fitness, seeds: int, tune_seed: int,
-            meta_params, chunk_size, mesh, timing: dict[str, float]):
+            meta_params, chunk_size, mesh, timing: dict[str, float], sizes: set[int]):
     """``score(settings)`` for :func:`widen`: trains the declared ``settings`` x ``seeds``
     tuning seeds as one program and returns their :class:`~metarl.sweep.SweepResult` s
-    (absolute settings), adding its seconds to ``timing``."""
+    (absolute settings), adding its seconds to ``timing``. ``sizes``: the member counts
+    this search trained at so far (added to as it goes), the only sizes a call pads up
+    to."""
     learner = build_learner(inner, objective)
     knobs = {knob.name: knob for knob in plan.knobs}
     options = tuple(knob.name for knob in plan.knobs if knob.option)
     # A widening round or the balancing adds fewer settings than the declared grid. Where
     # training is short, compiling a program for that size costs more than training repeats
     # of its first setting in a program already compiled, so such a call is padded up to
-    # the smallest compiled size whose extra members train at most PAD_AGENT_STEPS; a longer
-    # training gets a program of its own size instead. The choice depends on the sizes and
-    # the sizes compiled before alone, never on timings: a member's result can differ in
-    # float rounding with the size of its program (PPO on classic's CartPole at level 1,
-    # 8 members alone or first of 40), so the same judgement pads, and rounds, alike.
+    # the smallest size this search trained at whose extra members train at most
+    # PAD_AGENT_STEPS; a longer training gets a program of its own size instead. A
+    # member's result can differ in float rounding with the size of its program (PPO on
+    # classic's CartPole at level 1, 8 members alone or first of 40), so the choice depends
+    # on this search's own rounds alone (replayed from its record when it is balanced
+    # later): never on timings, nor on what else the process compiled (another run's
+    # equal objective, a search read from the store).
     programs: dict[int, Any] = shared_program(
         ("tuning sweep", objective, inner, fitness.metric, fitness.final_fraction, seeds,
          chunk_size, mesh), dict)
@@ -678,7 +694,8 @@ def _scorer(plan: TuningPlan, objective, inner, fitness, seeds: int, tune_seed: 
     def score(declared: list[dict[str, float]]):
         settings = [{knob: knobs[knob].trained_value(value) for knob, value in setting.items()}
                     for setting in declared]
-        size = padded_size(len(settings), seeds, learner.steps_per_agent, programs)
+        size = padded_size(len(settings), seeds, learner.steps_per_agent, sizes)
+        sizes.add(size * seeds)
         padded = settings + [settings[0]] * (size - len(settings))
         hypers = stack_hyperparams([
             learner.default_hypers._replace(**{k: jnp.float32(v) for k, v in setting.items()
