@@ -170,14 +170,13 @@ class TrainingStore:
                 self.hits += 1
                 return decode(payload)
         payload = self._read(key)
-        if payload is None:
+        trained = payload is None
+        if trained:
             payload = json.loads(json.dumps(encode(compute())))
             self._write(key, plain, payload)
-            counted = "misses"
-        else:
-            counted = "hits"
         with self._lock:
-            setattr(self, counted, getattr(self, counted) + 1)
+            self.misses += trained
+            self.hits += not trained
             self._memory[key] = payload
         return decode(payload)
 

@@ -435,7 +435,7 @@ def tune_objective(plan: TuningPlan, objective, inner, fitness, seeds: int, tune
                 "settings": [], "chosen": {}, "chosen_index": None}
     timing = {"compile_seconds": 0.0, "train_seconds": 0.0}
     score = _scorer(plan, objective, inner, fitness, seeds, tune_seed, meta_params,
-                    chunk_size, mesh, timing, set())
+                    chunk_size, mesh, timing)
     allows = _allows(plan, inner, objective)
     ratios = plan.widen_ratios
     search = widen(plan.grid, score, allows, rounds, tune_by, ratios)
@@ -455,9 +455,8 @@ def balance_objective(plan: TuningPlan, record: dict[str, Any], count: int, obje
     tune_by = tune_by_of(record)
     timing = {"compile_seconds": record.get("compile_seconds", 0.0),
               "train_seconds": record.get("train_seconds", 0.0)}
-    steps = build_learner(inner, objective).steps_per_agent
     score = _scorer(plan, objective, inner, fitness, seeds, tune_seed, meta_params,
-                    chunk_size, mesh, timing, _sizes_used(record, seeds, steps))
+                    chunk_size, mesh, timing, record)
     allows = _allows(plan, inner, objective)
     balanced = balance(_search_of(record), score, count, allows, tune_by)
     base = {key: record[key] for key in ("tune_by", "relative_to", "skipped")}
@@ -661,20 +660,22 @@ def _sizes_used(record: Mapping[str, Any], seeds: int, steps_per_agent: int) -> 
     :func:`tune_objective`), replayed by the rule its scorer followed."""
     sizes: set[int] = set()
     for entry in record["rounds"]:
-        added = entry["added"]
-        count = added if isinstance(added, int) else len(added)
-        sizes.add(padded_size(count, seeds, steps_per_agent, sizes) * seeds)
+        sizes.add(padded_size(len(entry["added"]), seeds, steps_per_agent, sizes) * seeds)
     return sizes
 
 
 def _scorer(plan: TuningPlan, objective, inner, fitness, seeds: int, tune_seed: int,
-            meta_params, chunk_size, mesh, timing: dict[str, float], sizes: set[int]):
+            meta_params, chunk_size, mesh, timing: dict[str, float],
+            record: Mapping[str, Any] | None = None):
     """``score(settings)`` for :func:`widen`: trains the declared ``settings`` x ``seeds``
     tuning seeds as one program and returns their :class:`~metarl.sweep.SweepResult` s
-    (absolute settings), adding its seconds to ``timing``. ``sizes``: the member counts
-    this search trained at so far (added to as it goes), the only sizes a call pads up
-    to."""
+    (absolute settings), adding its seconds to ``timing``. ``record``: the search being
+    continued (balanced), whose rounds' sizes a call may pad up to; ``None``: a new
+    search."""
     learner = build_learner(inner, objective)
+    # the member counts this search trained at, the only sizes a call pads up to
+    sizes = (set() if record is None
+             else _sizes_used(record, seeds, learner.steps_per_agent))
     knobs = {knob.name: knob for knob in plan.knobs}
     options = tuple(knob.name for knob in plan.knobs if knob.option)
     # A widening round or the balancing adds fewer settings than the declared grid. Where
@@ -729,13 +730,13 @@ def _scorer(plan: TuningPlan, objective, inner, fitness, seeds: int, tune_seed: 
 PAD_AGENT_STEPS = 500_000
 
 
-def padded_size(settings: int, seeds: int, steps_per_agent: int, compiled_members,
+def padded_size(settings: int, seeds: int, steps_per_agent: int, trained_members,
                 budget: int = PAD_AGENT_STEPS) -> int:
     """How many settings a tuning call of ``settings`` x ``seeds`` members trains: the
-    smallest size whose program is compiled (``compiled_members``, member counts) and holds
-    them with at most ``budget`` agent-steps of padding (each member trains
+    smallest size the search trained at before (``trained_members``, member counts) that
+    holds them with at most ``budget`` agent-steps of padding (each member trains
     ``steps_per_agent``), else ``settings`` itself (a program of its own size)."""
-    fits = [members // seeds for members in compiled_members
+    fits = [members // seeds for members in trained_members
             if members % seeds == 0 and members // seeds >= settings
             and (members // seeds - settings) * seeds * steps_per_agent <= budget]
     return min(fits, default=settings)
