@@ -194,6 +194,15 @@ def _improvement(x: np.ndarray, y: np.ndarray, axis: int | None = -1) -> np.ndar
     return np.mean((x > y) + 0.5 * (x == y), axis=axis)
 
 
+def _improvement_over_tasks(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """``[1]``: rliable's probability of improvement of ``x [S, T]`` over ``y [S', T]``,
+    the mean over tasks of each task's Mann-Whitney U over ``S * S'``, computed from the
+    ``[S, S', T]`` pairs at once. The same float as ``rliable.metrics.
+    probability_of_improvement`` (U counts halves, so both sums are exact), without the
+    scipy call per task that cost a millisecond in each of a bootstrap's 2,000 resamples."""
+    return np.array([np.mean(_improvement(x[:, None, :], y[None, :, :], axis=(0, 1)))])
+
+
 def probability_of_improvement(x, y, *, paired: bool, confidence: float = CONFIDENCE,
                                resamples: int = RESAMPLES, seed: int = SEED) -> Estimate:
     """P(X > Y) (a tie counts one half) of ``x`` over ``y``, with its bootstrap interval.
@@ -226,20 +235,20 @@ def probability_of_improvement(x, y, *, paired: bool, confidence: float = CONFID
         low, high = result.confidence_interval
         return Estimate(value, float(low), float(high))
 
-    from rliable import library, metrics
+    from rliable import library
 
     x, y = _ranked(_runs_by_tasks(x)), _ranked(_runs_by_tasks(y))
     if x.shape[1] != y.shape[1]:
         raise ValueError(f"x and y need the same tasks, got {x.shape[1]} and {y.shape[1]}")
     if x.shape[0] == 0 or y.shape[0] == 0:
         return NAN_ESTIMATE
-    value = float(metrics.probability_of_improvement(x, y))
+    value = float(_improvement_over_tasks(x, y)[0])
     if x.shape[0] < 2 or y.shape[0] < 2:
         return Estimate(value, float("nan"), float("nan"))
     with _seeded_global_generator(seed):
         _, intervals = library.get_interval_estimates(
-            {"x over y": [x, y]}, lambda a, b: np.array([metrics.probability_of_improvement(a, b)]),
-            method="percentile", reps=resamples, confidence_interval_size=confidence)
+            {"x over y": [x, y]}, _improvement_over_tasks, method="percentile",
+            reps=resamples, confidence_interval_size=confidence)
     low, high = np.asarray(intervals["x over y"], np.float64).reshape(2)
     return Estimate(value, float(low), float(high))
 

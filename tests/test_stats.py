@@ -154,6 +154,35 @@ def test_pairing_sees_a_small_gain_that_the_spread_between_seeds_hides():
     assert unpaired.low < 0.5 < unpaired.high
 
 
+def test_unpaired_estimate_and_interval_are_rliables_to_the_bit():
+    """Three tasks with ties, a diverged run and unequal run counts: the value and the
+    interval equal those of rliable's own bootstrap of its own probability of improvement
+    (scipy's Mann-Whitney U per task and resample), drawn from the same seed."""
+    from rliable import library, metrics
+
+    rng = np.random.default_rng(7)
+    x = rng.integers(0, 6, size=(9, 3)).astype(np.float64)
+    y = rng.integers(1, 7, size=(6, 3)).astype(np.float64)
+    x[2, 1] = np.nan  # a diverged run ranks below every score
+    estimate = stats.probability_of_improvement(x, y, paired=False, resamples=300, seed=3)
+
+    ranked_x = np.where(np.isfinite(x), x, -np.inf)
+    assert estimate.value == metrics.probability_of_improvement(ranked_x, y)
+    # the legacy global generator on purpose: rliable draws from it
+    outside = np.random.get_state()  # noqa: NPY002
+    try:
+        np.random.seed(3)  # noqa: NPY002
+        _, intervals = library.get_interval_estimates(
+            {"x": [ranked_x, y]},
+            lambda a, b: np.array([metrics.probability_of_improvement(a, b)]),
+            method="percentile", reps=300)
+    finally:
+        np.random.set_state(outside)  # noqa: NPY002
+    assert (estimate.low, estimate.high) == tuple(np.asarray(intervals["x"]).ravel())
+    # identical samples tie exactly, as rliable's shortcut for them says
+    assert stats.probability_of_improvement(y, y, paired=False, resamples=50).value == 0.5
+
+
 def test_a_diverged_seed_ranks_below_every_score():
     x = np.array([np.nan, 5.0, 5.0, -np.inf])
     y = np.array([1.0, 1.0, np.nan, np.nan])
