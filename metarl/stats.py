@@ -101,12 +101,22 @@ def _finite_runs(scores) -> np.ndarray:
     return scores[np.isfinite(scores).all(axis=1)]
 
 
+def _interquartile_mean(scores: np.ndarray) -> float:
+    """rliable's IQM of ``scores [S, T]`` (``aggregate_iqm``: scipy's 25% trimmed mean of
+    every entry), by the same partition and mean as scipy, so the same float, without the
+    argument handling scipy wraps each call in: a third of a millisecond, paid in each of a
+    stratified bootstrap's 2,000 resamples (1.8 s per interval over several tasks)."""
+    flat = np.asarray(scores, np.float64).ravel()
+    cut = int(0.25 * flat.size)
+    return np.mean(np.partition(flat, (cut, flat.size - cut - 1))[cut:flat.size - cut])
+
+
 def _metric(name: str):
     """The aggregate ``name`` as a function of ``scores [S, T]`` returning ``[1]``."""
     from rliable import metrics
 
     if name == "iqm":  # the 25% trimmed mean over all runs and tasks
-        return lambda scores: np.array([metrics.aggregate_iqm(scores)])
+        return lambda scores: np.array([_interquartile_mean(scores)])
     if name == "mean":  # the mean over tasks of each task's mean over runs
         return lambda scores: np.array([metrics.aggregate_mean(scores)])
     if name == "median":

@@ -77,6 +77,25 @@ def test_runs_by_tasks_pool_all_runs_for_the_iqm():
         scipy_stats.trim_mean(SKEWED, 0.25))
 
 
+def test_several_task_iqm_and_interval_are_rliables_to_the_bit():
+    """Over several tasks the IQM and its stratified bootstrap interval are rliable's own
+    (``aggregate_iqm`` in its bootstrap, from the same seed), with ties and odd sizes."""
+    from rliable import library, metrics
+
+    rng = np.random.default_rng(11)
+    for runs, tasks in [(16, 3), (7, 5), (3, 2), (1, 4)]:
+        scores = np.round(rng.normal(50.0, 20.0, size=(runs, tasks)))  # ties
+        assert stats.point_estimate(scores, "iqm") == metrics.aggregate_iqm(scores)
+        if runs < 2:
+            continue
+        ours = stats.aggregate(scores, "iqm", resamples=300, seed=2)
+        with stats._seeded_global_generator(2):
+            _, intervals = library.get_interval_estimates(
+                {"iqm": scores}, lambda x: np.array([metrics.aggregate_iqm(x)]),
+                method="percentile", reps=300)
+        assert (ours.low, ours.high) == tuple(np.asarray(intervals["iqm"]).ravel())
+
+
 def test_the_mean_interval_narrows_with_more_seeds():
     rng = np.random.default_rng(0)
     small, large = rng.normal(100.0, 10.0, size=8), rng.normal(100.0, 10.0, size=400)
