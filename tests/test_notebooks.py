@@ -45,8 +45,8 @@ EXTRA = {"01_quickstart.ipynb": {"RUNGS": 1},
          "05_sac_population.ipynb": {"TOTAL_TIMESTEPS": 1024},
          "06_pbt.ipynb": {"SEGMENTS": 2}, "07_policy_objectives.ipynb": {"GRID_POINTS": 31},
          # 08 trains only L2 of the baselines and reads the others from the shipped runs'
-         # 16-seed evaluations: as many held-out seeds makes every comparison paired, where
-         # each unpaired one costs seconds of bootstrap. One PPO update per agent (4 envs x
+         # 16-seed evaluations: as many held-out seeds makes each run's comparisons paired,
+         # as they are in the notebook's own setting. One PPO update per agent (4 envs x
          # 128 steps) keeps those 16 seeds cheap to train. It also means that no setting can
          # change a return (all are recorded in the rollout before the only update), so the
          # settings of a grid tie and tuning chooses the first. The grids start at the run's
