@@ -187,16 +187,11 @@ def test_unpaired_estimate_and_interval_are_rliables_to_the_bit():
 
     ranked_x = np.where(np.isfinite(x), x, -np.inf)
     assert estimate.value == metrics.probability_of_improvement(ranked_x, y)
-    # the legacy global generator on purpose: rliable draws from it
-    outside = np.random.get_state()  # noqa: NPY002
-    try:
-        np.random.seed(3)  # noqa: NPY002
+    with stats._seeded_global_generator(3):
         _, intervals = library.get_interval_estimates(
             {"x": [ranked_x, y]},
             lambda a, b: np.array([metrics.probability_of_improvement(a, b)]),
             method="percentile", reps=300)
-    finally:
-        np.random.set_state(outside)  # noqa: NPY002
     assert (estimate.low, estimate.high) == tuple(np.asarray(intervals["x"]).ravel())
     # identical samples tie exactly, as rliable's shortcut for them says
     assert stats.probability_of_improvement(y, y, paired=False, resamples=50).value == 0.5
