@@ -26,13 +26,14 @@ import argparse
 import json
 import os
 import platform
-import resource
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from main_job_ab import children_cpu_seconds  # beside this script
 
 TARGET_EMPTY_SECONDS = 15 * 60
 TARGET_CACHED_FRACTION = 1 / 3
@@ -63,9 +64,9 @@ def _judge(run_dir: Path, store_dir: Path, suite: str, seeds: int, flags: list[s
                                              env.get("PYTHONPATH", "")])
         command = [sys.executable, "-c", "import smoke_suite, sys; from metarl.cli import main; "
                    f"sys.exit(main({command[1:]!r}))"]
-    started, cpu = time.perf_counter(), _children_cpu_seconds()
+    started, cpu = time.perf_counter(), children_cpu_seconds()
     done = subprocess.run(command, capture_output=True, text=True, env=env)
-    seconds, cpu = time.perf_counter() - started, _children_cpu_seconds() - cpu
+    seconds, cpu = time.perf_counter() - started, children_cpu_seconds() - cpu
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(command)} failed:\n{done.stderr[-3000:]}")
     summary = [line for line in done.stdout.splitlines() if line.startswith("training store")]
@@ -76,12 +77,6 @@ def _judge(run_dir: Path, store_dir: Path, suite: str, seeds: int, flags: list[s
             "record": str(record), "eval_seed": report["eval_seed"],
             "environments": report["suite"]["environments"],
             "pooled": report["suite"]["pooled"]}
-
-
-def _children_cpu_seconds() -> float:
-    """User and system CPU seconds of this process's finished child processes."""
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
 
 
 def main(argv: list[str] | None = None) -> int:
