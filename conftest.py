@@ -32,6 +32,9 @@ os.environ.setdefault("MPLBACKEND", "Agg")
 _worker = os.environ.get("PYTEST_XDIST_WORKER", "")
 if _worker.startswith("gw") and hasattr(os, "sched_setaffinity"):
     _cores = sorted(os.sched_getaffinity(0))
+    # Tests of "one device per core" give their child processes every core back from here
+    # (tests/_subprocess_env.py).
+    os.environ.setdefault("METARL_TEST_CORES", ",".join(map(str, _cores)))
     _index = int(_worker[2:])
     _count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", len(_cores)))
     os.sched_setaffinity(0, _cores[_index::_count] or [_cores[_index % len(_cores)]])

@@ -22,6 +22,19 @@ def jax_cache_env() -> dict[str, str]:
     }
 
 
+def every_core() -> set[int]:
+    """The cores this test session was given, before the root conftest.py kept each
+    pytest-xdist worker (and the children it starts) to its own share of them."""
+    named = os.environ.get("METARL_TEST_CORES")
+    return {int(core) for core in named.split(",")} if named else os.sched_getaffinity(0)
+
+
+def on_every_core() -> None:
+    """A ``preexec_fn`` for a child that must see every core of the machine: the tests of
+    one JAX device per core, which a worker's single core would make vacuous."""
+    os.sched_setaffinity(0, every_core())
+
+
 def env_without_device_count(**extra: str) -> dict[str, str]:
     """This process's environment minus any CPU device count the user set, plus ``extra``:
     a child then chooses its own count (the ``metarl`` CLI: one device per core). Other

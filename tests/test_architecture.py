@@ -6,13 +6,12 @@ from __future__ import annotations
 import ast
 import dataclasses
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from _subprocess_env import env_without_device_count
+from _subprocess_env import env_without_device_count, every_core, on_every_core
 
 from inner_loops import registry
 from inner_loops.objective import Objective
@@ -123,7 +122,8 @@ print(json.dumps({"asked": asked, "devices": jax.device_count()}))
 def _run_python(code: str) -> dict:
     env = env_without_device_count()
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env,
-                            capture_output=True, text=True, timeout=300)
+                            capture_output=True, text=True, timeout=300,
+                            preexec_fn=on_every_core)
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout.strip().splitlines()[-1])
 
@@ -139,7 +139,7 @@ def test_importing_changes_no_jax_state_and_use_cpu_cores_exposes_every_core():
     assert report["loaded"] == []
     assert report["flags_unchanged"] and report["config_unchanged"]
     assert report["devices"] == 1
-    cores = len(os.sched_getaffinity(0))
+    cores = len(every_core())
     assert _run_python(USE_CPU_CORES) == {"asked": cores, "devices": cores}
 
 

@@ -31,7 +31,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from _sharding_worker import TINY  # the worker's configs, what it trains
-from _subprocess_env import env_without_device_count, start_worker, stop_workers
+from _subprocess_env import (
+    env_without_device_count,
+    every_core,
+    on_every_core,
+    start_worker,
+    stop_workers,
+)
 
 from inner_loops.population import CPU_CHUNK_SIZE
 from metarl import sharding
@@ -310,12 +316,12 @@ def probe(*args: str, **env: str) -> str:
     return subprocess.run(
         [sys.executable, "-c", PROBE, *args],
         env=env_without_device_count(JAX_PLATFORMS="cpu", **env),
-        capture_output=True, text=True, timeout=120, check=True,
+        capture_output=True, text=True, timeout=120, check=True, preexec_fn=on_every_core,
     ).stdout.split()[:2]
 
 
 def test_use_cpu_cores_exposes_one_device_per_core_or_the_count_asked():
-    assert probe() == [str(len(os.sched_getaffinity(0)))] * 2
+    assert probe() == [str(len(every_core()))] * 2
     assert probe("3") == ["3", "3"]
     # a count the user already chose wins
     assert probe("3", XLA_FLAGS="--xla_force_host_platform_device_count=5") == ["5", "5"]
@@ -326,7 +332,7 @@ def probe_flags(**env: str) -> list[str]:
     return subprocess.run(
         [sys.executable, "-c", PROBE, "2"],
         env=env_without_device_count(JAX_PLATFORMS="cpu", **env),
-        capture_output=True, text=True, timeout=120, check=True,
+        capture_output=True, text=True, timeout=120, check=True, preexec_fn=on_every_core,
     ).stdout.split()[2:]
 
 
@@ -379,7 +385,7 @@ def test_cli_exposes_one_cpu_device_per_core(args, expected):
     (gymnax starts it on import) so that the device count can still be set."""
     out = subprocess.run([sys.executable, "-m", "metarl.cli", *args, "devices"],
                          env=env_without_device_count(JAX_PLATFORMS="cpu"),
-                         capture_output=True, text=True,
-                         timeout=120, check=True).stdout
-    expected = expected or len(os.sched_getaffinity(0))
+                         capture_output=True, text=True, timeout=120, check=True,
+                         preexec_fn=on_every_core).stdout
+    expected = expected or len(every_core())
     assert out.startswith(f"{expected} cpu device(s)"), out
