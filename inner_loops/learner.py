@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 
 from inner_loops.envs import EnvSpec
 from inner_loops.objective import Objective
@@ -50,6 +51,19 @@ from inner_loops.validation import check_positive_int
 InitFn = Callable[[jax.Array, Any, Any], Any]
 AdvanceFn = Callable[[Any, Any, Any, int], tuple[Any, dict[str, jax.Array]]]
 EvaluateFn = Callable[[Any, jax.Array], dict[str, jax.Array]]
+
+
+def strong_types(tree: Any) -> Any:
+    """``tree`` with every leaf a strongly typed array of its own dtype, values unchanged;
+    on host values and inside a trace alike.
+
+    A jitted function is traced and compiled again for every new input type, and JAX counts
+    a leaf's weak type (a Python scalar's) as part of it. Environment resets leave some
+    leaves weakly typed (gymnax Pendulum's ``last_u``, step counters, running statistics'
+    counts), while an update returns them strongly typed and orbax restores every leaf
+    strongly typed: typed alike, a fresh, an advanced and a restored state share one
+    compiled ``advance``."""
+    return jax.tree.map(lambda leaf: jnp.asarray(leaf, jnp.asarray(leaf).dtype), tree)
 
 
 @dataclass(frozen=True, eq=False)
@@ -94,9 +108,10 @@ class Learner:
                 self.default_hypers if hypers is None else hypers)
 
     def init(self, key: jax.Array, meta_params=None, hypers=None):
-        """A fresh agent state from ``key`` (``[2]`` or a typed key)."""
+        """A fresh agent state from ``key`` (``[2]`` or a typed key), typed as ``advance``
+        returns it (:func:`strong_types`), so one compiled ``advance`` serves both."""
         meta_params, hypers = self._resolve(meta_params, hypers)
-        return self.init_fn(key, meta_params, hypers)
+        return strong_types(self.init_fn(key, meta_params, hypers))
 
     def advance(self, state, meta_params=None, hypers=None, num_updates: int | None = None):
         """``num_updates`` more updates (default: the whole budget); returns

@@ -22,7 +22,6 @@ from collections.abc import Callable, Hashable
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 
 # Run settings read only between steps (by the run-directory layer), never when tracing.
 IO_RUN_FIELDS = ("output_dir", "progress", "checkpoint_every", "keep_checkpoints",
@@ -78,9 +77,3 @@ def judging_compiler_options() -> dict[str, int] | None:
     if jax.default_backend() != "cpu":
         return None
     return {"xla_backend_optimization_level": JUDGING_CPU_LEVEL}
-
-
-def strong_types(tree: Any) -> Any:
-    """``tree`` without weak types (what a checkpoint restores), so that a carried state's
-    avals never change between steps and its program compiles once."""
-    return jax.tree.map(lambda x: jnp.asarray(x, dtype=jnp.asarray(x).dtype), tree)

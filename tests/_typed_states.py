@@ -1,14 +1,8 @@
-"""States typed as an update returns them, so that one compiled update serves a fresh
-state, an updated one and one restored from a checkpoint.
+"""What a jitted function is traced for: each input leaf's shape, dtype and weak type.
 
-A jitted function is traced (and compiled, or loaded from the persistent cache) again for
-every new input type, and JAX counts a leaf's weak type (a Python scalar's) as part of it.
-Environment resets leave some leaves weakly typed: gymnax's Pendulum ``last_u``, the step
-counter ``time`` and the running statistics' counts. An update's ``scan`` returns
-``last_u`` strongly typed, and orbax restores every leaf strongly typed, so a tiny
-TD3/SAC/DQN ``advance`` (or a DvD segment) was traced and compiled two or three times over
-one test. The values are the same either way: only the type that promotion rules read
-differs.
+A jitted function is traced and compiled again for every new input type, and JAX counts a
+leaf's weak type (a Python scalar's) as part of it. A fresh state must be typed as a step
+returns it, or the step compiles twice (once for the first call, once for the rest).
 """
 
 from __future__ import annotations
@@ -16,18 +10,20 @@ from __future__ import annotations
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 
 
-def strongly_typed(tree: Any) -> Any:
-    """``tree`` with every leaf a strongly typed array of its own dtype, values unchanged."""
-    return jax.tree.map(lambda leaf: jnp.asarray(leaf, leaf.dtype), tree)
+def input_types(tree: Any) -> Any:
+    """``tree`` (arrays, or :func:`jax.eval_shape`'s results) as ``(shape, dtype, weak)``."""
+    return jax.tree.map(lambda leaf: (leaf.shape, leaf.dtype, leaf.weak_type), tree)
 
 
-def typed_init(learner) -> Any:
-    """``learner.init`` (same arguments) returning a :func:`strongly_typed` state."""
+def counting_traces(fn):
+    """``fn``, counting in ``.traces`` how often JAX traced it: jit the result, call it,
+    then read the count (a new input type traces, and compiles, again)."""
 
-    def init(key, meta_params=None, hypers=None):
-        return strongly_typed(learner.init(key, meta_params, hypers))
+    def traced(*args, **kwargs):
+        traced.traces += 1
+        return fn(*args, **kwargs)
 
-    return init
+    traced.traces = 0
+    return traced

@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _typed_states import input_types
 from _xla import LEARNING_COMPILER_OPTIONS
 
 from inner_loops.dqn import DQNConfig
@@ -87,6 +88,12 @@ def test_pendulum_mean_actor_learns():
 @pytest.fixture(scope="module")
 def tiny_run():
     return train_cem_rl(TINY, jax.random.PRNGKey(0), compiler_options=FAST_COMPILE)
+
+
+def test_a_fresh_state_is_typed_as_a_generation_returns_it(tiny_run):
+    """Or the generation would compile twice: for the first call and for the rest."""
+    fresh = jax.eval_shape(tiny_run.run.init, jax.random.PRNGKey(0))
+    assert input_types(fresh) == input_types(tiny_run.state)
 
 
 def test_one_record_per_generation_with_fitness_per_member(tiny_run):

@@ -33,7 +33,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 from _precision import assert_close_to_float32, assert_learned_in_float32, train_briefly
-from _typed_states import typed_init
+from _typed_states import counting_traces
 from _xla import EXACT_COMPILER_OPTIONS, LEARNING_COMPILER_OPTIONS
 
 from inner_loops import make_learner, stack_hyperparams, train_population
@@ -161,17 +161,19 @@ POPULATION = 3
 @pytest.fixture(scope="module")
 def tiny():
     """Each program compiled once for the module: ``init`` returns its state typed as
-    ``advance`` returns it and orbax restores it (tests/_typed_states.py), and every
-    call passes the hyperparameters (traced) rather than ``None`` (the config's, as
-    constants), which the population's members need."""
+    ``advance`` returns it and orbax restores it, and every call passes the
+    hyperparameters (traced) rather than ``None`` (the config's, as constants), which the
+    population's members need."""
     learner = make_learner(TINY)
     assert (learner.num_updates, TINY.warmup_updates) == (16, 3)
     return {
         "learner": learner,
         "hypers": TINY.hyperparams(),
         "train": jit(learner.train),
-        "init": jit(typed_init(learner)),
-        "advance": jit(functools.partial(learner.advance, num_updates=SEGMENT)),
+        "init": jit(learner.init),
+        "advance": jit(advance := counting_traces(
+            functools.partial(learner.advance, num_updates=SEGMENT))),
+        "advance_traces": lambda: advance.traces,
         "rest": jit(functools.partial(learner.advance, num_updates=16 - 2 * SEGMENT)),
         # the populations are compared within a tolerance only: the quicker code generation
         # (their results differed from the default's by at most 6e-8 in td_loss)
@@ -286,6 +288,8 @@ def test_checkpoint_and_resume_mid_training_equals_an_uninterrupted_run(tiny, tm
                            *jax.device_get([first, second, third]))
     assert_trees_equal(resumed, whole)
     assert int(restored.update_count) == 16
+    # a fresh, an advanced and a restored state are typed alike: one compiled advance
+    assert tiny["advance_traces"]() == 1
 
 
 def test_evaluate_runs_greedy_episodes(tiny):

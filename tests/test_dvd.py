@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from _typed_states import strongly_typed
+from _typed_states import input_types
 from _xla import LEARNING_COMPILER_OPTIONS
 
 from inner_loops.ppo import PPOConfig
@@ -82,6 +82,12 @@ def test_the_diversity_term_pushes_the_members_actions_apart(diverse, plain):
     assert with_term > initial
     # the history's measure (on states from the buffer) says the same
     assert diverse.history[-1]["diversity"] > plain.history[-1]["diversity"]
+
+
+def test_a_fresh_state_is_typed_as_a_segment_returns_it(diverse):
+    """Or the segment would compile twice: for the first call and for the rest."""
+    fresh = jax.eval_shape(diverse.run.init, jax.random.PRNGKey(0))
+    assert input_types(fresh) == input_types(diverse.state)
 
 
 def test_a_segment_is_recorded_with_its_weight_returns_and_bandit(diverse):
@@ -180,10 +186,9 @@ def learning(weight: float) -> DvDConfig:
 @pytest.mark.timeout(300, method="thread")
 def test_the_diverse_population_learns_at_a_bounded_cost_in_return():
     # The weight is state (the one-armed bandit's), so one program trains both arms, and
-    # one initial state serves both: the arms' differ only in the bandit's weight. It is
-    # typed as the segment returns states, or the segment would be traced a second time.
+    # one initial state serves both: the arms' differ only in the bandit's weight.
     run = make_dvd(learning(LEARNING_WEIGHT))
-    start = strongly_typed(jax.jit(run.init)(jax.random.PRNGKey(3)))
+    start = jax.jit(run.init)(jax.random.PRNGKey(3))
     without = start.replace(bandit=start.bandit.replace(weights=jnp.zeros(1, jnp.float32)))
     states = jax.tree.map(lambda *arms: jnp.stack(arms), start, without)
     segment = jax.jit(jax.vmap(run.segment), compiler_options=LEARNING_COMPILE)

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
+from _typed_states import counting_traces
 from _xla import EXACT_COMPILER_OPTIONS
 
 from inner_loops import (
@@ -56,7 +57,9 @@ def programs(request):
         "learner": learner,
         "train": jit(learner.train),
         "init": jit(learner.init),
-        "advance": jit(functools.partial(learner.advance, num_updates=SEGMENT)),
+        "advance": jit(advance := counting_traces(
+            functools.partial(learner.advance, num_updates=SEGMENT))),
+        "advance_traces": lambda: advance.traces,
     }
 
 
@@ -86,6 +89,8 @@ def test_train_equals_init_then_advance_in_segments(programs):
     state, second = programs["advance"](state, None, hypers)
     assert int(state.update_count) == 2 * SEGMENT
     assert_trees_equal(concat(first, second), whole)
+    # a fresh state is typed as an advanced one: one compiled advance served both
+    assert programs["advance_traces"]() == 1
     # annealing read the update counter: the second segment continued the decay
     rates = concat(first, second)["learning_rate"]
     np.testing.assert_allclose(rates, 2.5e-4 * (1 - np.arange(4) / 4), rtol=1e-6)

@@ -32,7 +32,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 from _precision import assert_close_to_float32, assert_learned_in_float32, train_briefly
-from _typed_states import typed_init
+from _typed_states import counting_traces
 from _xla import LEARNING_COMPILER_OPTIONS
 
 from inner_loops import make_learner, stack_hyperparams, train_population
@@ -354,8 +354,8 @@ def member_hypers(algorithm: str):
 @pytest.fixture(scope="module", params=["td3", "sac"])
 def tiny(request):
     """Each program compiled once for the module: ``init`` returns its state typed as
-    ``advance`` returns it (tests/_typed_states.py), and every call passes the
-    hyperparameters (traced) rather than ``None`` (the config's, as constants)."""
+    ``advance`` returns it, and every call passes the hyperparameters (traced) rather than
+    ``None`` (the config's, as constants)."""
     algorithm = request.param
     learner = make_learner(TINY[algorithm])
     assert (learner.num_updates, TINY[algorithm].warmup_updates) == (2 * SEGMENT, 3)
@@ -363,8 +363,10 @@ def tiny(request):
         "algorithm": algorithm,
         "learner": learner,
         "hypers": TINY[algorithm].hyperparams(),
-        "init": jit(typed_init(learner)),
-        "advance": jit(functools.partial(learner.advance, num_updates=SEGMENT)),
+        "init": jit(learner.init),
+        "advance": jit(advance := counting_traces(
+            functools.partial(learner.advance, num_updates=SEGMENT))),
+        "advance_traces": lambda: advance.traces,
         "population": jit(functools.partial(train_population, learner.train,
                                             chunk_size=POPULATION)),
         # one agent per chunk: a chunk size that leaves a remainder compiles the agents'
@@ -436,6 +438,8 @@ def test_checkpoint_and_resume_equals_an_uninterrupted_run(tiny, tmp_path):
     resumed = jax.device_get(resumed)
     for name, values in resumed.items():
         np.testing.assert_array_equal(values, uninterrupted[name][SEGMENT:], err_msg=name)
+    # a fresh, an advanced and a restored state are typed alike: one compiled advance
+    assert tiny["advance_traces"]() == 1
 
 
 def test_evaluate_runs_the_deterministic_policy(tiny):

@@ -41,6 +41,7 @@ import jax.numpy as jnp
 from flax import struct
 from jax.flatten_util import ravel_pytree
 
+from inner_loops.learner import strong_types
 from inner_loops.population import check_population_memory
 from inner_loops.registry import make_learner
 from metarl.config import ConfigError
@@ -68,7 +69,7 @@ from metarl.evolve.truncation import (
     train_truncation,
     truncation_updates,
 )
-from metarl.programs import program_key, shared_program, strong_types
+from metarl.programs import program_key, shared_program
 from metarl.sharding import put_replicated, replicate, run_mesh
 
 # folded into PRNGKey(task_seed) to start the stream of the tasks drawn per generation

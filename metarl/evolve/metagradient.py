@@ -72,6 +72,7 @@ from flax import struct
 from jax.flatten_util import ravel_pytree
 
 from inner_loops import networks, ppo
+from inner_loops.learner import strong_types
 from inner_loops.objective import OPTIMIZER_SLOT, LossInputs, OptimizerTerm, no_meta_params
 from inner_loops.population import broadcast_to_population
 from metarl.config import ConfigError
@@ -79,7 +80,7 @@ from metarl.evolve.config import ExperimentConfig
 from metarl.evolve.fitness import run_return
 from metarl.evolve.generation import build_learner, search_start
 from metarl.evolve.metagradient_config import MetaGradientConfig
-from metarl.programs import program_key, shared_program, strong_types
+from metarl.programs import program_key, shared_program
 from metarl.sharding import put_replicated, replicate, run_mesh, shard_population
 
 # optax's eps_root: Adam's sqrt is taken of nu + EPS_ROOT so its derivative stays finite at

@@ -46,6 +46,7 @@ import numpy as np
 from flax import struct
 
 from inner_loops import off_policy, replay
+from inner_loops.learner import strong_types
 from inner_loops.td3 import TD3Config
 from inner_loops.validation import (
     check_choice,
@@ -256,7 +257,7 @@ class DvD:
         """Independently initialised actors, a fresh critic, an empty buffer."""
         actor_key, critic_key, env_key, bandit_key, key = jax.random.split(key, 5)
         params = self.parts.init_actors(actor_key, self.config.population_size)
-        return DvDState(
+        return strong_types(DvDState(
             actors=self.parts.start_group(params),
             critic=self.parts.init_critic(critic_key),
             buffer=replay.init(self.config.inner.buffer_size,
@@ -266,7 +267,7 @@ class DvD:
             bandit=bandit_init(bandit_key, self.config.bandit_weights),
             key=key,
             update_count=jnp.zeros((), jnp.int32),
-        )
+        ))
 
     def weight(self, state: DvDState) -> jax.Array:
         """``[]`` the diversity weight of the next update."""

@@ -253,9 +253,8 @@ def initial_population(learner, config: PBTConfig, key: jax.Array,
     keys = jax.random.split(init_key, config.population_size)
 
     def init(keys, hypers):
+        # strongly typed, as every segment returns them (learner.init)
         states = sharding.init_population(learner, keys, None, hypers, chunk_size, mesh)
-        # strong types, as every segment returns them (weak ones would compile it twice)
-        states = jax.tree.map(lambda x: jax.lax.convert_element_type(x, x.dtype), states)
         return place_population(states, hypers, mesh)
 
     return jax.jit(init)(keys, hypers)
