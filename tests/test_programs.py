@@ -32,6 +32,9 @@ def test_a_config_differing_only_in_name_and_io_settings_shares_the_step(tiny):
     again = _with_run(again, output_dir="elsewhere", progress=True, checkpoint_every=3,
                       keep_checkpoints=7, max_invalid_generations=0)
     assert Evolution(again).step is step
+    # nor the budget, which shapes no schedule: a run continued with more generations
+    longer = again.replace(es=dataclasses.replace(again.es, generations=tiny.es.generations + 4))
+    assert Evolution(longer).step is step
 
 
 @pytest.mark.parametrize("change", ["sigma", "seeds", "chunk_size"])

@@ -34,6 +34,7 @@ sequence, their seeds' configs all naming the base seed as ``fitness.task_seed``
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import jax
@@ -75,6 +76,14 @@ from metarl.sharding import put_replicated, replicate, run_mesh
 # folded into PRNGKey(task_seed) to start the stream of the tasks drawn per generation
 # (fitness.tasks_per_generation): the key of generation g is fold_in(that, g)
 TASK_STREAM = 0x7461_736B
+
+
+def step_program_key(config: ExperimentConfig, *extra) -> tuple:
+    """The :func:`metarl.programs.program_key` of a generation step of ``config``: without
+    its held-out tasks and its budget (``es.generations``), which never enter the step, so a
+    run continued with more generations, or evaluated, compiles nothing new."""
+    unbudgeted = dataclasses.replace(config.es, generations=1)
+    return program_key(config.replace(held_out=(), es=unbudgeted), *extra)
 
 
 def search_start(objective, seed: int):
@@ -223,8 +232,7 @@ class Evolution:
         self.truncation_updates = (truncation_updates(self.learners, config.es.truncations)
                                    if config.es.truncations > 1 else None)
         # one traced and compiled step for every Evolution of an equal config in a process
-        # (held-out tasks never enter the generation)
-        self.step = shared_program(program_key(config.replace(held_out=()), "generation", mesh),
+        self.step = shared_program(step_program_key(config, "generation", mesh),
                                    lambda: jax.jit(self.generation))
 
     @property

@@ -61,11 +61,11 @@ from metarl import distributed
 from metarl.evolve.compare import Comparison, pooled_verdicts, summarise_run, verdicts
 from metarl.evolve.config import ExperimentConfig, config_from_dict
 from metarl.evolve.evaluate import SEEN_MARK, SEEN_NOTE, evaluate_runs
-from metarl.evolve.generation import Evolution, EvolutionState
+from metarl.evolve.generation import Evolution, EvolutionState, step_program_key
 from metarl.evolve.judging import text_table
 from metarl.evolve.kind import RUN_KIND, EvolveProgram, RunResult
 from metarl.objectives.sources import with_source_folder
-from metarl.programs import program_key, shared_program
+from metarl.programs import shared_program
 from metarl.runs import engine
 from metarl.runs.config_history import config_changes, format_changes
 from metarl.runs.evaluations import saved_evaluation
@@ -126,8 +126,7 @@ class ReplicatedEvolution:
         for learner in self.evolution.learners:  # the joint population, before allocating
             check_population_memory(learner, runs, cfg.run.chunk_size,
                                     1 if self.mesh is None else self.mesh.devices.size)
-        self.step = shared_program(program_key(cfg.replace(held_out=()), "replicated", count,
-                                               self.mesh),
+        self.step = shared_program(step_program_key(cfg, "replicated", count, self.mesh),
                                    lambda: jax.jit(self.generation))
         # one small program each, rather than one per leaf and seed
         self._stack = jax.jit(lambda states: jax.tree.map(lambda *leaves: jnp.stack(leaves),
