@@ -29,10 +29,20 @@ def every_core() -> set[int]:
     return {int(core) for core in named.split(",")} if named else os.sched_getaffinity(0)
 
 
-def on_every_core() -> None:
-    """A ``preexec_fn`` for a child that must see every core of the machine: the tests of
-    one JAX device per core, which a worker's single core would make vacuous."""
-    os.sched_setaffinity(0, every_core())
+def on_every_core(code: str) -> str:
+    """Python source that gives its process every core of the session back, then runs
+    ``code`` (top-level statements): for the tests of one JAX device per core, which a
+    worker's single core would make vacuous. (A ``preexec_fn`` would fork the threaded
+    test process, which can deadlock.)"""
+    return f"import os\nos.sched_setaffinity(0, {sorted(every_core())})\n{code}"
+
+
+def module_on_every_core(module: str, *args: str) -> list[str]:
+    """The arguments of ``python -m module *args`` run :func:`on_every_core`."""
+    argv = [module, *args]
+    return [sys.executable, "-c", on_every_core(
+        f"import runpy, sys\nsys.argv = {argv!r}\n"
+        f"runpy.run_module({module!r}, run_name='__main__', alter_sys=True)")]
 
 
 def env_without_device_count(**extra: str) -> dict[str, str]:

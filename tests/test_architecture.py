@@ -121,9 +121,8 @@ print(json.dumps({"asked": asked, "devices": jax.device_count()}))
 
 def _run_python(code: str) -> dict:
     env = env_without_device_count()
-    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env,
-                            capture_output=True, text=True, timeout=300,
-                            preexec_fn=on_every_core)
+    result = subprocess.run([sys.executable, "-c", on_every_core(code)], cwd=ROOT, env=env,
+                            capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout.strip().splitlines()[-1])
 

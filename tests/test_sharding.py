@@ -34,6 +34,7 @@ from _sharding_worker import TINY  # the worker's configs, what it trains
 from _subprocess_env import (
     env_without_device_count,
     every_core,
+    module_on_every_core,
     on_every_core,
     start_worker,
     stop_workers,
@@ -314,9 +315,9 @@ PROBE = ("import sys; from metarl import sharding; "
 
 def probe(*args: str, **env: str) -> str:
     return subprocess.run(
-        [sys.executable, "-c", PROBE, *args],
+        [sys.executable, "-c", on_every_core(PROBE), *args],
         env=env_without_device_count(JAX_PLATFORMS="cpu", **env),
-        capture_output=True, text=True, timeout=120, check=True, preexec_fn=on_every_core,
+        capture_output=True, text=True, timeout=120, check=True,
     ).stdout.split()[:2]
 
 
@@ -330,9 +331,9 @@ def test_use_cpu_cores_exposes_one_device_per_core_or_the_count_asked():
 
 def probe_flags(**env: str) -> list[str]:
     return subprocess.run(
-        [sys.executable, "-c", PROBE, "2"],
+        [sys.executable, "-c", on_every_core(PROBE), "2"],
         env=env_without_device_count(JAX_PLATFORMS="cpu", **env),
-        capture_output=True, text=True, timeout=120, check=True, preexec_fn=on_every_core,
+        capture_output=True, text=True, timeout=120, check=True,
     ).stdout.split()[2:]
 
 
@@ -383,9 +384,8 @@ def test_cli_cpu_devices_after_jax_started_is_a_clear_error(capsys):
 def test_cli_exposes_one_cpu_device_per_core(args, expected):
     """The real command line, in a fresh process: its imports must leave JAX unstarted
     (gymnax starts it on import) so that the device count can still be set."""
-    out = subprocess.run([sys.executable, "-m", "metarl.cli", *args, "devices"],
+    out = subprocess.run(module_on_every_core("metarl.cli", *args, "devices"),
                          env=env_without_device_count(JAX_PLATFORMS="cpu"),
-                         capture_output=True, text=True, timeout=120, check=True,
-                         preexec_fn=on_every_core).stdout
+                         capture_output=True, text=True, timeout=120, check=True).stdout
     expected = expected or len(every_core())
     assert out.startswith(f"{expected} cpu device(s)"), out
