@@ -17,12 +17,15 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
 # XLA's backend optimisation level 0 and its older (non-"fusion emitter") code generation:
 # the suite's tiny programs compile 2-5x faster and their results agree to float rounding;
 # they run slower, which only the learning checks notice, and those ask for the defaults
-# back (tests/_xla.py). Inherited by the subprocesses and notebook kernels tests start; a
-# test that sets its own flags keeps them.
+# back (tests/_xla.py). Each program's machine code is generated in one piece rather than
+# split for threads that a worker, kept to one core below, cannot run at once (5% less CPU
+# on three algorithm files). Inherited by the subprocesses and notebook kernels tests
+# start; a test that sets its own flags keeps them.
 if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (
         os.environ.get("XLA_FLAGS", "")
         + " --xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"
+        + " --xla_cpu_parallel_codegen_split_count=1"
     ).strip()
 os.environ.setdefault("MPLBACKEND", "Agg")
 # Each pytest-xdist worker keeps to its own share of the cores, and so do the subprocesses and

@@ -72,7 +72,7 @@ WATCHDOG = TIMEOUT - 30
 def worker_env(devices: int, older_code_generation: bool) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("METARL_")}
     flags = [f"--xla_force_host_platform_device_count={devices}",
-             "--xla_backend_optimization_level=0"]
+             "--xla_backend_optimization_level=0", "--xla_cpu_parallel_codegen_split_count=1"]
     if older_code_generation:
         flags.append("--xla_cpu_use_fusion_emitters=false")
     env["XLA_FLAGS"] = " ".join(flags)
