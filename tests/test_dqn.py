@@ -173,7 +173,7 @@ def tiny():
         "init": jit(learner.init),
         "advance": jit(advance := counting_traces(
             functools.partial(learner.advance, num_updates=SEGMENT))),
-        "advance_traces": lambda: advance.traces,
+        "traced_advance": advance,  # its .traces: how often JAX traced it
         "rest": jit(functools.partial(learner.advance, num_updates=16 - 2 * SEGMENT)),
         # the populations are compared within a tolerance only: the quicker code generation
         # (their results differed from the default's by at most 6e-8 in td_loss)
@@ -289,7 +289,7 @@ def test_checkpoint_and_resume_mid_training_equals_an_uninterrupted_run(tiny, tm
     assert_trees_equal(resumed, whole)
     assert int(restored.update_count) == 16
     # a fresh, an advanced and a restored state are typed alike: one compiled advance
-    assert tiny["advance_traces"]() == 1
+    assert tiny["traced_advance"].traces == 1
 
 
 def test_evaluate_runs_greedy_episodes(tiny):

@@ -59,7 +59,7 @@ def programs(request):
         "init": jit(learner.init),
         "advance": jit(advance := counting_traces(
             functools.partial(learner.advance, num_updates=SEGMENT))),
-        "advance_traces": lambda: advance.traces,
+        "traced_advance": advance,  # its .traces: how often JAX traced it
     }
 
 
@@ -90,7 +90,7 @@ def test_train_equals_init_then_advance_in_segments(programs):
     assert int(state.update_count) == 2 * SEGMENT
     assert_trees_equal(concat(first, second), whole)
     # a fresh state is typed as an advanced one: one compiled advance served both
-    assert programs["advance_traces"]() == 1
+    assert programs["traced_advance"].traces == 1
     # annealing read the update counter: the second segment continued the decay
     rates = concat(first, second)["learning_rate"]
     np.testing.assert_allclose(rates, 2.5e-4 * (1 - np.arange(4) / 4), rtol=1e-6)

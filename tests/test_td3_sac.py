@@ -366,7 +366,7 @@ def tiny(request):
         "init": jit(learner.init),
         "advance": jit(advance := counting_traces(
             functools.partial(learner.advance, num_updates=SEGMENT))),
-        "advance_traces": lambda: advance.traces,
+        "traced_advance": advance,  # its .traces: how often JAX traced it
         "population": jit(functools.partial(train_population, learner.train,
                                             chunk_size=POPULATION)),
         # one agent per chunk: a chunk size that leaves a remainder compiles the agents'
@@ -439,7 +439,7 @@ def test_checkpoint_and_resume_equals_an_uninterrupted_run(tiny, tmp_path):
     for name, values in resumed.items():
         np.testing.assert_array_equal(values, uninterrupted[name][SEGMENT:], err_msg=name)
     # a fresh, an advanced and a restored state are typed alike: one compiled advance
-    assert tiny["advance_traces"]() == 1
+    assert tiny["traced_advance"].traces == 1
 
 
 def test_evaluate_runs_the_deterministic_policy(tiny):
